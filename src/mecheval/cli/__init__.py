@@ -1,0 +1,31 @@
+"""The `mecheval` command line: one sub-command group per pipeline stage."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from mecheval.errors import ConfigError
+
+app = typer.Typer(
+    name="mecheval",
+    help="Mechanistic evaluation of sequence-model architectures.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _register() -> None:
+    # Each stage's commands live in their own module; importing registers them on `app`.
+    from mecheval.cli import models  # noqa: F401
+
+
+def main() -> None:
+    _register()
+    try:
+        app()
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

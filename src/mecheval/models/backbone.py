@@ -1,0 +1,153 @@
+"""The one LM backbone every architecture shares (DESIGN.md "Models").
+
+embedding (+ learned absolute positions) -> n_layers pre-norm blocks
+``x + mixer(norm(x))``, ``x + mlp(LN(x))`` -> final LayerNorm -> LM head tied to the embedding.
+
+Init follows GPT-2/zoology: every Linear and Embedding weight ~ N(0, 0.02), biases 0, the
+residual-out projections (``out_proj`` of a mixer, ``fc2`` of an MLP) scaled by
+1/sqrt(2 * n_layers); then each mixer re-initialises what its architecture prescribes
+(e.g. Mamba's A and dt).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from mecheval.errors import ConfigError
+from mecheval.models.config import ModelConfig
+from mecheval.models.mixers.base import Mixer
+from mecheval.models.registry import get_architecture, parse_options
+from mecheval.models.sites import Site, name_sites
+
+RESIDUAL_OUT_NAMES = ("out_proj", "fc2")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int, expansion: int = 4) -> None:
+        super().__init__()
+        self.input = Site()
+        self.fc1 = nn.Linear(d, expansion * d)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(expansion * d, d)
+        self.output = Site()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.output(self.fc2(self.act(self.fc1(self.input(x)))))
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, mixer: Mixer, mlp: bool, norm: str) -> None:
+        super().__init__()
+        make_norm = RMSNorm if norm == "rms" else nn.LayerNorm
+        self.input = Site()
+        self.mixer_norm = make_norm(d)
+        self.mixer = mixer
+        self.mlp_norm = nn.LayerNorm(d) if mlp else None
+        self.mlp = MLP(d) if mlp else None
+        self.output = Site()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.input(x)
+        x = x + self.mixer(self.mixer_norm(x))
+        if self.mlp is not None:
+            x = x + self.mlp(self.mlp_norm(x))
+        return self.output(x)
+
+
+class FinalNorm(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.input = Site()
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, x: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
+        """Normalise every position, or only ``at`` (one position per document) -> [B, 1, d]."""
+        x = self.input(x)
+        if at is not None:
+            x = x[torch.arange(x.shape[0], device=x.device), at][:, None, :]
+        return self.norm(x)
+
+
+class LanguageModel(nn.Module):
+    """A causal LM. ``forward(tokens)`` -> logits [B, T, V]; ``forward(tokens, at=pos)`` ->
+    logits [B, V] at one position per document (the query), skipping the rest of the head."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        if config.vocab_size is None:
+            raise ConfigError("model.vocab_size: must be set (normally filled in from the task)")
+        if config.position_embedding and config.max_len is None:
+            raise ConfigError("model.max_len: must be set when position_embedding is on")
+        arch = get_architecture(config.architecture)
+        options = parse_options(config.architecture, config.mixer)
+        self.config = config
+        d = config.d_model
+        self.embedding = nn.Embedding(config.vocab_size, d)
+        self.position = nn.Embedding(config.max_len, d) if config.position_embedding else None
+        try:
+            mixers = [arch.build(i, d, options) for i in range(config.n_layers)]
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        self.layers = nn.ModuleList(Block(d, m, arch.mlp, arch.norm) for m in mixers)
+        self.final_norm = FinalNorm(d)
+        self.reset_parameters()
+        name_sites(self)
+
+    def reset_parameters(self) -> None:
+        std = self.config.init_std
+        out_std = std / math.sqrt(2 * self.config.n_layers)
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                last = name.rsplit(".", 1)[-1]
+                nn.init.normal_(module.weight, 0.0, out_std if last in RESIDUAL_OUT_NAMES else std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, 0.0, std)
+        for module in self.modules():
+            if isinstance(module, Mixer):
+                module.init_special()
+
+    # The forward is split in three so that an intervention engine can recompute only the
+    # layers downstream of a patched block boundary.
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embedding(tokens)
+        if self.position is not None:
+            t = tokens.shape[1]
+            if t > self.position.num_embeddings:
+                raise ValueError(
+                    f"tokens: length {t} exceeds model.max_len={self.position.num_embeddings}"
+                )
+            x = x + self.position.weight[:t]
+        return x
+
+    def head(self, x: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
+        logits = self.final_norm(x, at) @ self.embedding.weight.T
+        return logits[:, 0] if at is not None else logits
+
+    def forward(self, tokens: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x, at)
+
+
+def build_model(config: ModelConfig) -> LanguageModel:
+    return LanguageModel(config)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

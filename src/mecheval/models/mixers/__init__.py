@@ -1,0 +1,1 @@
+"""One file per sequence-mixer architecture; wired together in mecheval.models.registry."""

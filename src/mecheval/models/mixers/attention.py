@@ -1,0 +1,36 @@
+"""Causal softmax multi-head attention (Vaswani et al., 2017); the paper uses 1 head."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from mecheval.models.mixers.base import Mixer
+
+
+class AttentionOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    num_heads: int = Field(1, ge=1)
+    dropout: float = Field(0.0, ge=0.0, le=0.0, description="kept for Table 1; always 0")
+
+
+class Attention(Mixer):
+    def __init__(self, d_model: int, options: AttentionOptions) -> None:
+        super().__init__()
+        if d_model % options.num_heads:
+            raise ValueError(
+                f"model.d_model: {d_model} is not divisible by mixer.num_heads={options.num_heads}"
+            )
+        self.num_heads = options.num_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.num_heads, d // self.num_heads).unbind(2)
+        y = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        return self.out_proj(y.transpose(1, 2).reshape(b, t, d))

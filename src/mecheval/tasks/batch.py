@@ -1,0 +1,75 @@
+"""The Batch contract shared by every stage: tokens, the answer, and named role positions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+#: Role names, in the order reports show them. Each maps to one position per document.
+ROLES: tuple[str, ...] = ("key", "value", "next_key", "divider", "query")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A batch of documents.
+
+    ``tokens`` holds each document up to and including the query token (the model's input),
+    right-padded with the pad id when lengths vary. The answer is predicted at
+    ``roles["query"]``; positions after it are padding and, the models being causal,
+    never influence it.
+    """
+
+    tokens: torch.Tensor  # [B, T] long
+    answer: torch.Tensor  # [B] long
+    roles: dict[str, torch.Tensor]  # role -> [B] long positions into tokens
+    lengths: torch.Tensor | None = None  # [B] long, number of real tokens (query position + 1)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # task-specific per-doc data
+
+    def __post_init__(self) -> None:
+        if self.tokens.dim() != 2:
+            raise ValueError(f"Batch.tokens: expected shape [B, T], got {tuple(self.tokens.shape)}")
+        size = self.tokens.shape[0]
+        if self.answer.shape != (size,):
+            raise ValueError(f"Batch.answer: expected shape [{size}], got {tuple(self.answer.shape)}")
+        for role, pos in self.roles.items():
+            if pos.shape != (size,):
+                raise ValueError(f"Batch.roles[{role!r}]: expected shape [{size}], got {tuple(pos.shape)}")
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def query(self) -> torch.Tensor:
+        return self.roles["query"]
+
+    @property
+    def padding_mask(self) -> torch.Tensor:
+        """[B, T] bool, True at real tokens."""
+        if self.lengths is None:
+            return torch.ones_like(self.tokens, dtype=torch.bool)
+        steps = torch.arange(self.tokens.shape[1], device=self.tokens.device)
+        return steps[None, :] < self.lengths[:, None]
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(
+            tokens=self.tokens.to(device),
+            answer=self.answer.to(device),
+            roles={k: v.to(device) for k, v in self.roles.items()},
+            lengths=None if self.lengths is None else self.lengths.to(device),
+            extras={k: v.to(device) for k, v in self.extras.items()},
+        )
+
+    def select(self, index: torch.Tensor | slice) -> Batch:
+        """The sub-batch of the given documents."""
+        return Batch(
+            tokens=self.tokens[index],
+            answer=self.answer[index],
+            roles={k: v[index] for k, v in self.roles.items()},
+            lengths=None if self.lengths is None else self.lengths[index],
+            extras={k: v[index] for k, v in self.extras.items()},
+        )
+
+    def with_tokens(self, tokens: torch.Tensor) -> Batch:
+        """The same documents and roles over other tokens (a counterfactual)."""
+        return Batch(tokens, self.answer, dict(self.roles), self.lengths, dict(self.extras))

@@ -29,11 +29,14 @@ def list_models(
     for d in WIDTHS:
         table.add_column(f"d={d}", justify="right")
     site_lists = {}
-    for name, arch in ARCHITECTURES.items():
+    for name in ARCHITECTURES:
         row = [name]
         for d in WIDTHS:
             cfg = ModelConfig(
-                architecture=name, d_model=d, n_layers=n_layers, vocab_size=vocab_size,
+                architecture=name,
+                d_model=d,
+                n_layers=n_layers,
+                vocab_size=vocab_size,
                 max_len=max_len,
             )
             model = build_model(cfg)

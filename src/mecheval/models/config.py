@@ -20,5 +20,6 @@ class ModelConfig(BaseModel):
     position_embedding: bool = Field(True, description="learned absolute positions (paper: on)")
     init_std: float = Field(0.02, gt=0.0)
     mixer: dict[str, Any] = Field(
-        default_factory=dict, description="options of the chosen architecture (see its registry entry)"
+        default_factory=dict,
+        description="options of the chosen architecture (see its registry entry)",
     )

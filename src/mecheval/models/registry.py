@@ -44,7 +44,9 @@ def get_architecture(name: str) -> Architecture:
         return ARCHITECTURES[name]
     except KeyError:
         known = ", ".join(sorted(ARCHITECTURES))
-        raise ConfigError(f"model.architecture: unknown {name!r} (expected one of: {known})") from None
+        raise ConfigError(
+            f"model.architecture: unknown {name!r} (expected one of: {known})"
+        ) from None
 
 
 def parse_options(name: str, options: dict) -> BaseModel:

@@ -31,10 +31,14 @@ class Batch:
             raise ValueError(f"Batch.tokens: expected shape [B, T], got {tuple(self.tokens.shape)}")
         size = self.tokens.shape[0]
         if self.answer.shape != (size,):
-            raise ValueError(f"Batch.answer: expected shape [{size}], got {tuple(self.answer.shape)}")
+            raise ValueError(
+                f"Batch.answer: expected shape [{size}], got {tuple(self.answer.shape)}"
+            )
         for role, pos in self.roles.items():
             if pos.shape != (size,):
-                raise ValueError(f"Batch.roles[{role!r}]: expected shape [{size}], got {tuple(pos.shape)}")
+                raise ValueError(
+                    f"Batch.roles[{role!r}]: expected shape [{size}], got {tuple(pos.shape)}"
+                )
 
     def __len__(self) -> int:
         return self.tokens.shape[0]

@@ -19,7 +19,11 @@ app = typer.Typer(
 
 def _register() -> None:
     # Each stage's commands live in their own module; importing registers them on `app`.
-    from mecheval.cli import models  # noqa: F401
+    from mecheval.cli import (
+        models,  # noqa: F401
+        report,  # noqa: F401
+        task,  # noqa: F401
+    )
 
 
 def main() -> None:

@@ -1,0 +1,121 @@
+"""`mecheval task ...`: look at task documents and corpus statistics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from mecheval.cli import app
+from mecheval.errors import ConfigError, validate
+from mecheval.tasks import QUERY_TYPES, ROLES, ARConfig, ATRConfig, build_datasets, token_names
+from mecheval.tasks.dataset import SPLITS
+from mecheval.tasks.stats import dataset_stats
+
+task_app = typer.Typer(help="Inspect the synthetic tasks.", no_args_is_help=True)
+app.add_typer(task_app, name="task")
+
+KINDS = {"ar": ARConfig, "atr": ATRConfig}
+ROLE_STYLE = {
+    "key": "bold red",
+    "value": "bold green",
+    "next_key": "cyan",
+    "divider": "magenta",
+    "query": "bold yellow",
+}
+_SET_HELP = "override a task field, e.g. n_pairs=4 or task.n_pairs=4 (repeatable)"
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        name = name.strip().removeprefix("task.")
+        if not sep or not name or "." in name:
+            raise ConfigError(f"--set: expected FIELD=VALUE or task.FIELD=VALUE (got {pair!r})")
+        try:
+            out[name] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise ConfigError(f"--set {name}: cannot parse value {raw!r}") from None
+    return out
+
+
+def task_config(kind: str, overrides: list[str], **sizes: int) -> ARConfig | ATRConfig:
+    if kind not in KINDS:
+        raise ConfigError(f"task: unknown kind {kind!r} (expected one of: {', '.join(KINDS)})")
+    data = {**sizes, **parse_overrides(overrides)}
+    if data.pop("kind", kind) != kind:
+        raise ConfigError("task.kind: give the kind as the command's argument, not in --set")
+    return validate(KINDS[kind], {"kind": kind, **data}, prefix="task")
+
+
+def _split_sizes(split: str, n: int) -> dict[str, int]:
+    # Build only the split asked for, and only n documents of it: looking at a few documents
+    # should not cost a paper-size build. (The documents are those of this smaller config.)
+    if split not in SPLITS:
+        raise ConfigError(f"--split: unknown {split!r} (expected one of: {', '.join(SPLITS)})")
+    if n < 1:
+        raise ConfigError(f"-n: expected at least 1 (got {n})")
+    return {f"n_{s}": (n if s == split else 0) for s in SPLITS}
+
+
+@task_app.command("show")
+def show(
+    kind: str = typer.Argument(..., help="task kind: ar or atr"),
+    n: int = typer.Option(3, "-n", help="number of documents"),
+    overrides: list[str] = typer.Option([], "--set", help=_SET_HELP),  # noqa: B008
+    split: str = typer.Option("train", help="train, dev or test"),
+) -> None:
+    """Print documents with their roles marked, and the answer."""
+    cfg = task_config(kind, overrides, **_split_sizes(split, n))
+    ds = build_datasets(cfg)[split]
+    names = token_names(cfg)
+    console = Console(highlight=False)
+    colour = console.is_terminal
+    for i in range(len(ds)):
+        marks: dict[int, list[str]] = {}
+        for role in ROLES:
+            marks.setdefault(int(ds.roles[role][i]), []).append(role)
+        parts = []
+        for pos, tok in enumerate(ds.document(i)):
+            name = escape(names[tok])
+            roles = marks.get(pos)
+            if not roles:
+                parts.append(name)
+            elif colour:
+                parts.append(f"[{ROLE_STYLE[roles[0]]}]{name}[/]")
+            else:
+                parts.append(escape(f"[{','.join(roles)}:{names[tok]}]"))
+        answer = escape(names[int(ds.answer[i])])
+        extra = ""
+        if "qtype" in ds.extras:
+            extra = f" ({QUERY_TYPES[int(ds.extras['qtype'][i])]})"
+        # soft_wrap: one document per line when piped, so the output greps and diffs cleanly.
+        console.print(f"{i}: " + " ".join(parts) + f" -> {answer}{extra}", soft_wrap=True)
+    if colour:
+        legend = "  ".join(f"[{style}]{role}[/]" for role, style in ROLE_STYLE.items())
+        console.print("roles: " + legend)
+
+
+@task_app.command("stats")
+def stats(
+    kind: str = typer.Argument(..., help="task kind: ar or atr"),
+    n: int = typer.Option(1000, "-n", help="number of documents to measure"),
+    overrides: list[str] = typer.Option([], "--set", help=_SET_HELP),  # noqa: B008
+    split: str = typer.Option("train", help="train, dev or test"),
+) -> None:
+    """Corpus statistics: lengths, tree depth and branching, repeats, role distances."""
+    cfg = task_config(kind, overrides, **_split_sizes(split, n))
+    ds = build_datasets(cfg)[split]
+    table = Table(title=f"{kind} {split}: {len(ds)} documents")
+    table.add_column("statistic")
+    cols = ("mean", "min", "median", "p90", "max")
+    for c in cols:
+        table.add_column(c, justify="right")
+    for name, summary in dataset_stats(ds).items():
+        table.add_row(name, *(f"{summary[c]:.3g}" for c in cols))
+    Console().print(table)

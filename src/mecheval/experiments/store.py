@@ -1,0 +1,151 @@
+"""The results store: one tidy table built from an experiment's run folders.
+
+Each run writes only its own folder, so the table is assembled here by reading them all:
+the run's resolved ``config.yaml`` (flattened into dotted config columns), ``status.json``,
+``metrics.csv`` (behavioural) and ``interventions.csv`` (mechanistic).
+
+Schema (one row per value)::
+
+    run, status, reason, <config columns: task.*, model.*, training.*>,
+    source (behavioural | mechanistic), step, split,
+    condition ("" | original | corrupted | restored), site, layer, component, io, role,
+    metric (likelihood | accuracy | loss), value
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from mecheval.errors import ConfigError
+from mecheval.io import atomic_write_bytes, atomic_write_text
+
+MEASUREMENT_COLUMNS = [
+    "source",
+    "step",
+    "split",
+    "condition",
+    "site",
+    "layer",
+    "component",
+    "io",
+    "role",
+    "metric",
+    "value",
+]
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"model": {"d_model": 64}}`` -> ``{"model.d_model": 64}``; lists stay values."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, path))
+        elif isinstance(value, list):
+            flat[path] = tuple(value)
+        else:
+            flat[path] = value
+    return flat
+
+
+def read_status(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "status.json"
+    if not path.exists():
+        return {"state": "pending"}
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        # Writes are atomic, so a broken file means someone else wrote it: say so, don't guess.
+        return {"state": "unreadable", "reason": f"{path}: not valid JSON"}
+
+
+def site_parts(site: str) -> tuple[int, str, str]:
+    """``layers.1.mixer.conv.output`` -> (1, "conv", "output"); ``final_norm.input`` ->
+    (-1, "final_norm", "input")."""
+    parts = site.split(".")
+    if parts[0] != "layers":
+        return -1, parts[0], parts[-1]
+    layer = int(parts[1])
+    inner = parts[2:-1]
+    component = inner[-1] if inner else "block"
+    return layer, component, parts[-1]
+
+
+def behavioural_rows(run_dir: Path) -> pd.DataFrame:
+    path = run_dir / "metrics.csv"
+    if not path.exists():
+        return pd.DataFrame(columns=MEASUREMENT_COLUMNS)
+    table = pd.read_csv(path)
+    table["source"] = "behavioural"
+    for column, default in (("condition", ""), ("site", ""), ("component", ""), ("io", "")):
+        table[column] = default
+    table["role"] = ""
+    table["layer"] = -1
+    return table[MEASUREMENT_COLUMNS]
+
+
+def mechanistic_rows(run_dir: Path) -> pd.DataFrame:
+    path = run_dir / "interventions.csv"
+    if not path.exists():
+        return pd.DataFrame(columns=MEASUREMENT_COLUMNS)
+    table = pd.read_csv(path, keep_default_na=False)
+    table["source"] = "mechanistic"
+    return table[MEASUREMENT_COLUMNS]
+
+
+def run_table(run_dir: Path) -> pd.DataFrame:
+    config_path = run_dir / "config.yaml"
+    config = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
+    status = read_status(run_dir)
+    measurements = pd.concat(
+        [t for t in (behavioural_rows(run_dir), mechanistic_rows(run_dir)) if len(t)]
+        or [pd.DataFrame(columns=MEASUREMENT_COLUMNS)],
+        ignore_index=True,
+    )
+    if measurements.empty:
+        measurements = pd.DataFrame([{c: None for c in MEASUREMENT_COLUMNS}])
+    head = {"run": run_dir.name, "status": status.get("state"), "reason": status.get("reason", "")}
+    head.update(flatten({k: v for k, v in config.items() if k in ("task", "model", "training")}))
+    for column, value in reversed(head.items()):
+        measurements.insert(0, column, [value] * len(measurements))
+    return measurements
+
+
+def run_dirs(experiment_dir: Path) -> list[Path]:
+    return sorted(p for p in experiment_dir.iterdir() if (p / "config.yaml").exists())
+
+
+def load_results(experiment_dir: str | Path) -> pd.DataFrame:
+    """The experiment's tidy results table (see the module docstring for the schema)."""
+    experiment_dir = Path(experiment_dir)
+    if not experiment_dir.is_dir():
+        raise ConfigError(f"{experiment_dir}: not an experiment folder")
+    runs = run_dirs(experiment_dir)
+    if not runs:
+        raise ConfigError(f"{experiment_dir}: no run folders (with config.yaml) inside")
+    return pd.concat([run_table(r) for r in runs], ignore_index=True)
+
+
+def write_results(table: pd.DataFrame, path: str | Path, fmt: str) -> Path:
+    """Write the table atomically as csv, parquet (needs the ``parquet`` extra) or markdown."""
+    if fmt == "csv":
+        return atomic_write_text(path, table.to_csv(index=False))
+    if fmt == "markdown":
+        return atomic_write_text(path, table.to_markdown(index=False) + "\n")
+    if fmt == "parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                "--format parquet: needs pyarrow (pip install 'mecheval[parquet]')"
+            ) from None
+        buffer = io.BytesIO()
+        table.to_parquet(buffer, index=False)
+        return atomic_write_bytes(path, buffer.getvalue())
+    raise ConfigError(f"--format: expected csv, parquet or markdown, got {fmt!r}")

@@ -1,0 +1,501 @@
+"""Summary tables over an experiment's tidy results table.
+
+The input is the long table built by :func:`mecheval.experiments.store.load_results` (one row
+per value; config columns ``task.*``, ``model.*``, ``training.*`` broadcast to every row of a
+run). Everything here is pure pandas, so it can be checked on hand-made tables.
+
+Conventions, following the paper (§4.2):
+
+* A *setting* is a run's config without its seeds and without fields that only say how the
+  run was executed (threads, device, ...). Runs that share a setting are replicates.
+* *LR tuning* keeps, per group, the setting (usually: the learning rate) with the best mean
+  final dev likelihood over its seeds, and drops the others.
+* Values of failed runs are never averaged in (a crashed run's last eval is not a result),
+  but failed runs are counted, so every table can say how many are missing.
+* Likelihoods and accuracies are shown in percent, as in the paper's figures.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from mecheval.errors import ConfigError
+
+CONFIG_PREFIXES = ("task.", "model.", "training.")
+ARCH = "model.architecture"
+D_MODEL = "model.d_model"
+N_LAYERS = "model.n_layers"
+LR = "training.lr"
+#: Replicate seeds: runs differing only here are averaged over.
+SEED_COLUMNS = ("training.seed", "task.seed")
+#: Config fields that say how a run was executed, not what was trained; a sweep run on two
+#: machines must still average its seeds.
+OPERATIONAL_COLUMNS = frozenset(
+    {
+        "training.threads",
+        "training.device",
+        "training.keep_checkpoint",
+        "training.checkpoint_every",
+        "training.eval_batch_size",
+        "training.eval_splits",
+        "training.eval_every",
+    }
+)
+STRING_COLUMNS = (
+    "status",
+    "reason",
+    "source",
+    "split",
+    "condition",
+    "site",
+    "component",
+    "io",
+    "role",
+    "metric",
+)
+PERCENT_METRICS = frozenset({"likelihood", "accuracy"})
+RESTORE_SITE = "layers.{last}.input"
+
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def t975(dof: int) -> float:
+    """Two-sided 95 % Student-t quantile (no scipy needed at run time)."""
+    if dof < 1:
+        return math.nan
+    if dof <= len(_T975):
+        return _T975[dof - 1]
+    # First Cornish-Fisher term; within 0.002 of the exact value for dof > 30.
+    return 1.959964 + 2.37 / dof
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def load_table(path: str | Path) -> pd.DataFrame:
+    """Read a saved results table (csv or parquet) and normalise it."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--table: {path} is not a file")
+    if path.suffix == ".parquet":
+        table = pd.read_parquet(path)
+    elif path.suffix in (".csv", ".gz"):
+        table = pd.read_csv(path, low_memory=False)
+    else:
+        raise ConfigError(f"--table: expected a .csv or .parquet file, got {path.name}")
+    if "run" not in table.columns:
+        raise ConfigError(f"--table: {path} has no 'run' column; is it a results table?")
+    return normalise(table)
+
+
+def _na(value: Any) -> bool:
+    if value is None or value is pd.NA:
+        return True
+    return isinstance(value, float | np.floating) and math.isnan(value)
+
+
+def _key(value: Any) -> Hashable:
+    """A grouping key where every flavour of missing is the same ``None``."""
+    if _na(value):
+        return None
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        # An empty options block ({}) is flattened to a value, not to columns.
+        return tuple(sorted((str(k), _key(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple | set):
+        return tuple(_key(v) for v in value)
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
+
+
+def normalise(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy with the schema's blanks made uniform: "" in string columns, NaN for a missing
+    config value, numeric step/layer/value. CSV round trips and hand-made tables both differ
+    from the store's output in exactly these ways."""
+    if df.attrs.get("mecheval_normalised"):
+        return df
+    out = df.copy()
+    if "run" not in out.columns:
+        raise ConfigError("results table: no 'run' column")
+    for column in STRING_COLUMNS:
+        if column not in out.columns:
+            out[column] = "done" if column == "status" else ""
+        out[column] = out[column].astype(object).where(out[column].notna(), "").astype(str)
+    out.loc[out["status"] == "", "status"] = "done"
+    for column in ("step", "layer", "value"):
+        if column not in out.columns:
+            out[column] = np.nan
+        out[column] = pd.to_numeric(out[column], errors="coerce")
+    out["run"] = out["run"].astype(str)
+    for column in config_columns(out):
+        series = out[column]
+        if series.dtype == object or str(series.dtype) in ("str", "string"):
+            out[column] = series.astype(object).where(series.notna(), None)
+    out.attrs["mecheval_normalised"] = True
+    return out
+
+
+def config_columns(df: pd.DataFrame) -> list[str]:
+    return [c for c in df.columns if str(c).startswith(CONFIG_PREFIXES)]
+
+
+def setting_columns(df: pd.DataFrame, exclude: Iterable[str] = ()) -> list[str]:
+    """Config columns that define a setting (no seeds, no operational fields)."""
+    skip = set(exclude) | set(SEED_COLUMNS) | OPERATIONAL_COLUMNS
+    return [
+        c
+        for c in config_columns(df)
+        if c not in skip and not c.endswith(".seed") and not c.startswith("training.eval_")
+    ]
+
+
+def run_info(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per run: run, status, reason and its config (plus any derived columns)."""
+    keep = [c for c in df.columns if c not in _MEASUREMENT_COLUMNS]
+    return df.drop_duplicates("run")[keep].reset_index(drop=True)
+
+
+_MEASUREMENT_COLUMNS = frozenset(
+    {"source", "step", "split", "condition", "site", "layer", "component", "io", "role"}
+    | {"metric", "value"}
+)
+
+
+def failed_runs(df: pd.DataFrame) -> pd.DataFrame:
+    info = run_info(normalise(df))
+    return info[info["status"] == "failed"][["run", "reason"]].reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------- final values
+
+
+def final_behaviour(df: pd.DataFrame) -> pd.DataFrame:
+    """Behavioural rows at each run's last evaluated step (per run, split and metric)."""
+    df = normalise(df)
+    rows = df[(df["source"] == "behavioural") & df["step"].notna()]
+    last = rows.groupby(["run", "split", "metric"])["step"].transform("max")
+    return rows[rows["step"] == last].reset_index(drop=True)
+
+
+def final_mechanistic(df: pd.DataFrame) -> pd.DataFrame:
+    """Mechanistic rows at each run's last intervention step (end-of-training interventions)."""
+    df = normalise(df)
+    rows = df[(df["source"] == "mechanistic") & df["step"].notna()]
+    last = rows.groupby("run")["step"].transform("max")
+    return rows[rows["step"] == last].reset_index(drop=True)
+
+
+def _run_scores(df: pd.DataFrame, split: str, metric: str) -> pd.Series:
+    rows = final_behaviour(df)
+    rows = rows[(rows["split"] == split) & (rows["metric"] == metric)]
+    rows = rows[rows["status"] != "failed"]
+    return rows.groupby("run")["value"].mean()
+
+
+def best_lr(
+    df: pd.DataFrame,
+    by: Sequence[str] | None = None,
+    split: str = "dev",
+    metric: str = "likelihood",
+    choose: Sequence[str] | None = (LR,),
+) -> pd.DataFrame:
+    """The LR-tuned runs, as the paper reports them: all rows of the chosen runs.
+
+    Runs are grouped by ``by`` (default: every setting column except ``training.lr``). Within
+    a group, each value of ``choose`` (default: the learning rate; None: every setting column
+    not in ``by``, i.e. the best whole setting) is scored by the mean over its runs (seeds)
+    of the final ``split`` ``metric``; the best one's runs are kept, failed ones included so
+    that they can be counted. A group in which nothing has a score (all runs failed) keeps
+    all its runs, so it shows as an empty cell rather than vanishing.
+    """
+    df = normalise(df)
+    info = run_info(df)
+    by = list(setting_columns(df, exclude=(LR,)) if by is None else by)
+    missing = [c for c in by if c not in info.columns]
+    if missing:
+        raise ConfigError(f"best_lr: no column {missing[0]!r} in the results table")
+    if choose is None:
+        choice = [c for c in setting_columns(df) if c not in by]
+    else:
+        choice = [c for c in choose if c in info.columns and c not in by]
+    scores = _run_scores(df, split, metric)
+    # Only runs with a score vote, so a half-failed LR is judged on its surviving seeds.
+    groups: dict[Hashable, dict[Hashable, list[str]]] = {}
+    for _, row in info.iterrows():
+        group = tuple(_key(row[c]) for c in by)
+        setting = tuple(_key(row[c]) for c in choice)
+        groups.setdefault(group, {}).setdefault(setting, []).append(row["run"])
+    keep: list[str] = []
+    for settings in groups.values():
+        best, best_score = None, -math.inf
+        for setting, runs in settings.items():
+            values = scores.reindex(runs).dropna()
+            if len(values) and float(values.mean()) > best_score:
+                best, best_score = setting, float(values.mean())
+        if best is None:
+            for runs in settings.values():
+                keep.extend(runs)
+        else:
+            keep.extend(settings[best])
+    out = df[df["run"].isin(set(keep))].reset_index(drop=True)
+    out.attrs["mecheval_normalised"] = True
+    return out
+
+
+def seed_summary(df: pd.DataFrame, by: Sequence[str], value: str = "value") -> pd.DataFrame:
+    """Mean and 95 % t-interval across runs (seeds) per group of ``by``.
+
+    Each run contributes one number (its rows in a group are averaged first). Columns: ``by``,
+    ``mean``, ``ci`` (half-width; NaN for n < 2), ``lo``, ``hi``, ``sd``, ``n`` (runs with a
+    value), ``runs`` (all runs in the group) and ``failed`` (failed runs in the group). Values
+    of failed runs are not averaged in.
+    """
+    by = list(by)
+    status = df["status"] if "status" in df.columns else pd.Series("done", index=df.index)
+    frame = pd.DataFrame(
+        {"run": df["run"].astype(str), "status": status.astype(str), "_v": df[value]}
+    )
+    keys = [tuple(_key(v) for v in row) for row in df[by].itertuples(index=False, name=None)]
+    frame["_g"] = keys
+    firsts = dict(zip(keys, df[by].itertuples(index=False, name=None), strict=True))
+    records = []
+    for group, rows in frame.groupby("_g", sort=False):
+        runs = rows.drop_duplicates("run")
+        ok = rows[rows["status"] != "failed"]
+        per_run = ok.groupby("run")["_v"].mean().dropna()
+        n = len(per_run)
+        mean = float(per_run.mean()) if n else math.nan
+        sd = float(per_run.std(ddof=1)) if n > 1 else math.nan
+        ci = t975(n - 1) * sd / math.sqrt(n) if n > 1 else math.nan
+        record = dict(zip(by, firsts[group], strict=True))
+        record.update(
+            mean=mean,
+            ci=ci,
+            lo=mean - ci,
+            hi=mean + ci,
+            sd=sd,
+            n=n,
+            runs=len(runs),
+            failed=int((runs["status"] == "failed").sum()),
+        )
+        records.append(record)
+    columns = [*by, "mean", "ci", "lo", "hi", "sd", "n", "runs", "failed"]
+    return pd.DataFrame.from_records(records, columns=columns)
+
+
+# ---------------------------------------------------------------------------- measures
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One number per run: a behavioural metric, or one mechanistic condition at one site.
+
+    ``site`` may contain ``{last}`` (the run's last layer index). ``split`` None means: the
+    dev split when the table has one for this source, otherwise whatever split it has.
+    """
+
+    label: str
+    source: str = "mechanistic"
+    condition: str = ""
+    site: str = ""
+    role: str = ""
+    metric: str = "likelihood"
+    split: str | None = None
+
+
+def original(label: str = "Original", metric: str = "likelihood") -> Measure:
+    return Measure(label, condition="original", metric=metric)
+
+
+def corrupted(label: str = "Corrupted", metric: str = "likelihood") -> Measure:
+    return Measure(label, condition="corrupted", metric=metric)
+
+
+def restored(role: str, site: str = RESTORE_SITE, label: str | None = None, **kw: Any) -> Measure:
+    return Measure(
+        label or f"Restored @ {role.replace('_', ' ')}",
+        condition="restored",
+        site=site,
+        role=role,
+        **kw,
+    )
+
+
+def behaviour(label: str, metric: str = "accuracy", split: str | None = None) -> Measure:
+    return Measure(label, source="behavioural", metric=metric, split=split)
+
+
+def restore_measures(
+    site: str = RESTORE_SITE, roles: Sequence[str] = ("key", "value", "query")
+) -> list[Measure]:
+    return [original(), corrupted(), *(restored(r, site) for r in roles)]
+
+
+def last_layers(df: pd.DataFrame) -> dict[str, int]:
+    """Each run's last layer index, from ``model.n_layers`` or else from its sites."""
+    df = normalise(df)
+    info = run_info(df)
+    out: dict[str, int] = {}
+    seen = df[df["layer"].notna() & (df["layer"] >= 0)].groupby("run")["layer"].max()
+    for _, row in info.iterrows():
+        n = row.get(N_LAYERS)
+        if not _na(n):
+            out[row["run"]] = int(n) - 1
+        elif row["run"] in seen.index:
+            out[row["run"]] = int(seen[row["run"]])
+    return out
+
+
+def has_site(df: pd.DataFrame, site: str) -> bool:
+    """Whether any run has restored rows at ``site`` (``{last}`` resolved per run)."""
+    df = normalise(df)
+    rows = df[df["condition"] == "restored"]
+    if rows.empty:
+        return False
+    last = last_layers(df)
+    want = rows["run"].map(lambda r: site.format(last=last.get(r, -1)))
+    return bool((rows["site"] == want).any())
+
+
+def measure_values(
+    df: pd.DataFrame, measures: Sequence[Measure], all_steps: bool = False
+) -> pd.DataFrame:
+    """Long frame ``run, measure, value`` (plus ``step`` if ``all_steps``), in percent for
+    likelihood and accuracy. Without ``all_steps`` every run gets a row for every measure
+    (NaN where the run has no such value), so empty cells still count their runs."""
+    df = normalise(df)
+    last = last_layers(df)
+    runs = list(df["run"].drop_duplicates())
+    mech = df[df["source"] == "mechanistic"]
+    mech_last = mech.groupby("run")["step"].transform("max")
+    frames = []
+    for m in measures:
+        if m.source == "behavioural":
+            rows = df[(df["source"] == "behavioural") & (df["metric"] == m.metric)]
+            rows = _pick_split(rows, m.split)
+            if not all_steps:
+                # Last step per run *of this split and metric*: a run evaluated on test only
+                # at the end still has its final test value.
+                rows = rows[rows["step"] == rows.groupby("run")["step"].transform("max")]
+        else:
+            keep = (mech["metric"] == m.metric) & (mech["condition"] == m.condition)
+            if not all_steps:
+                # The run's last intervention step overall: a measure missing there is
+                # missing, not silently taken from an earlier checkpoint.
+                keep &= mech["step"] == mech_last
+            rows = _pick_split(mech[keep], m.split)
+            if m.condition == "restored":
+                want = rows["run"].map(lambda r, s=m.site: s.format(last=last.get(r, -1)))
+                rows = rows[(rows["site"] == want) & (rows["role"] == m.role)]
+        keys = ["run", "step"] if all_steps else ["run"]
+        values = rows.groupby(keys)["value"].mean()
+        if m.metric in PERCENT_METRICS:
+            values = values * 100.0
+        if not all_steps:
+            values = values.reindex(pd.Index(runs, name="run"))
+        frame = values.rename("value").reset_index()
+        frame.insert(1, "measure", m.label)
+        frames.append(frame)
+    columns = ["run", "measure", *(["step"] if all_steps else []), "value"]
+    if not frames:
+        return pd.DataFrame(columns=columns)
+    return pd.concat(frames, ignore_index=True)[columns]
+
+
+def _pick_split(rows: pd.DataFrame, split: str | None) -> pd.DataFrame:
+    if split is not None:
+        return rows[rows["split"] == split]
+    if (rows["split"] == "dev").any():
+        return rows[rows["split"] == "dev"]
+    return rows
+
+
+# ---------------------------------------------------------------------------- cells
+
+
+def cell_summary(
+    df: pd.DataFrame,
+    measures: Sequence[Measure],
+    rows: str,
+    cols: str,
+    *,
+    tune: bool = True,
+    tune_split: str = "dev",
+    tune_metric: str = "likelihood",
+) -> pd.DataFrame:
+    """Seed summaries of ``measures`` on a ``rows`` x ``cols`` grid.
+
+    With ``tune`` the runs are first LR-tuned per cell (see :func:`best_lr`). Returns a long
+    frame: ``measure``, ``row``, ``col``, ``mean``, ``ci``, ``lo``, ``hi``, ``sd``, ``n``,
+    ``runs``, ``failed``; every (measure, cell) that has runs appears, NaN where no value.
+    """
+    df = normalise(df)
+    if tune:
+        # choose=None: a knob the caller did not filter on is tuned like the LR, so one cell
+        # never averages two different settings.
+        df = best_lr(df, by=[rows, cols], split=tune_split, metric=tune_metric, choose=None)
+    values = measure_values(df, measures)
+    info = run_info(df)[["run", "status", rows, cols]]
+    merged = values.merge(info, on="run", how="left")
+    merged = merged.rename(columns={rows: "row", cols: "col"})
+    return seed_summary(merged, by=["measure", "row", "col"])
+
+
+def restore_table(
+    df: pd.DataFrame,
+    site: str = RESTORE_SITE,
+    roles: Sequence[str] = ("key", "value", "query"),
+    *,
+    metric: str = "likelihood",
+    tune: bool = True,
+    text: bool = False,
+) -> pd.DataFrame:
+    """The Fig. 3 table: rows (architecture, d_model), columns Original / Corrupted /
+    Restored @ each role at ``site`` (``{last}`` = each run's last layer), in percent, on
+    LR-tuned runs. Cells are means over seeds; with ``text`` they are strings
+    ``"92.3 ± 1.2"`` (interval only when there are several seeds)."""
+    df = normalise(df)
+    for column in (ARCH, D_MODEL):
+        if column not in df.columns:
+            raise ConfigError(f"restore_table: no {column} column in the results table")
+    measures = [
+        original(metric=metric),
+        corrupted(metric=metric),
+        *(restored(r, site, metric=metric) for r in roles),
+    ]
+    summary = cell_summary(df, measures, ARCH, D_MODEL, tune=tune, tune_metric="likelihood")
+    summary["cell"] = (
+        [format_cell(m, c) for m, c in zip(summary["mean"], summary["ci"], strict=True)]
+        if text
+        else summary["mean"]
+    )
+    table = summary.pivot_table(
+        index=["row", "col"], columns="measure", values="cell", aggfunc="first", dropna=False
+    )
+    table = table.reindex(columns=[m.label for m in measures])
+    table.index = table.index.set_names([ARCH, D_MODEL])
+    table.columns.name = None
+    return table
+
+
+def format_cell(mean: float, ci: float, digits: int = 1) -> str:
+    if _na(mean):
+        return ""
+    if _na(ci):
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {ci:.{digits}f}"

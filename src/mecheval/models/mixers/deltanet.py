@@ -1,0 +1,165 @@
+"""DeltaNet (Schlag et al., 2021; Yang et al., 2024), following the defaults of fla's
+``fla.layers.DeltaNet`` that the paper trains (it gives no table for DeltaNet):
+
+    q, k, v = SiLU(q_conv(W_q x)), SiLU(k_conv(W_k x)), SiLU(v_conv(W_v x))   per head:
+    q, k    = q / |q|, k / |k|          (fla: qk_activation="silu", qk_norm="l2")
+    q       = q / sqrt(d_head)          (fla's kernels scale q by d_k^-0.5 by default)
+    β_t     = sigmoid(w_β · x_t)        one per head (use_beta=True)
+    S_t     = S_{t-1} + β_t (v_t - S_{t-1} k_t) k_tᵀ,   o_t = S_t q_t
+    out     = out_proj(RMSNorm_head(o))  fla normalises each head's output (o_norm) when
+                                         use_gate=False, its default
+
+As in fla, the projections, β and the convolutions have no bias (conv_bias=False) and the
+convolutions have kernel size 4. fla defaults to 4 heads; the paper's Table 1 uses one head
+for every multi-head mixer, so ``num_heads`` defaults to 1 here.
+
+The forward pass uses the chunked parallel form (:func:`delta_rule_chunked`); the step-by-step
+:func:`delta_rule_recurrent` is the specification it is tested against.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from mecheval.models.mixers.base import Mixer, ShortConv
+
+
+class DeltaNetOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    num_heads: int = Field(1, ge=1)
+    conv_size: int = Field(4, ge=1, description="kernel size of the q, k and v short convs")
+    conv_bias: bool = False
+    output_norm: bool = Field(True, description="RMSNorm of each head's output before out_proj")
+    norm_eps: float = Field(1e-5, gt=0.0)
+    chunk_size: int = Field(16, ge=1, description="block length of the chunked parallel form")
+
+
+def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    # fla's form (eps inside the root), so a zero vector maps to zero with finite gradients.
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+
+
+def delta_rule_recurrent(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor
+) -> torch.Tensor:
+    """The delta rule one step at a time (the specification, not for speed).
+
+    q, k: [B, H, T, d_k]; v: [B, H, T, d_v]; beta: [B, H, T] -> o: [B, H, T, d_v].
+    q and k are used as given (normalisation and scaling happen in the caller).
+    """
+    b, h, length, d_k = k.shape
+    state = k.new_zeros(b, h, v.shape[-1], d_k)  # S maps keys to values: S k ≈ v
+    outs = []
+    for t in range(length):
+        k_t, v_t, q_t = k[:, :, t], v[:, :, t], q[:, :, t]
+        predicted = (state @ k_t[..., None])[..., 0]
+        error = beta[:, :, t, None] * (v_t - predicted)
+        state = state + error[..., :, None] * k_t[..., None, :]
+        outs.append((state @ q_t[..., None])[..., 0])
+    return torch.stack(outs, dim=2)
+
+
+def delta_rule_chunked(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, chunk_size: int
+) -> torch.Tensor:
+    """The same function as :func:`delta_rule_recurrent`, in chunks (Yang et al., 2024, §3).
+
+    Write the state as S_t = S_0 + Σ_{s≤t} u_s k_sᵀ within a chunk that starts from S_0.
+    The "pseudo-values" u_t = β_t (v_t - S_{t-1} k_t) then satisfy, for the chunk's rows,
+        (I + L) U = diag(β) V - diag(β) K S_0ᵀ,   L = strictly-lower(diag(β) K Kᵀ),
+    a unit lower-triangular system (the UT transform of the WY representation), solved for
+    every chunk at once. Outputs are O = Q S_0ᵀ + causal(Q Kᵀ) U and the next chunk starts
+    from S_0 + Uᵀ K; only this cheap hand-over between chunks stays sequential.
+    """
+    b, h, length, d_k = k.shape
+    d_v = v.shape[-1]
+    c = chunk_size
+    n = -(-length // c)
+    pad = n * c - length
+    if pad:
+        # Trailing zeros: β = 0 leaves the state untouched and the padded outputs are dropped;
+        # being after every real step they cannot reach a real output anyway.
+        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+        beta = F.pad(beta, (0, pad))
+    q, k, v = (x.reshape(b, h, n, c, x.shape[-1]) for x in (q, k, v))
+    beta = beta.reshape(b, h, n, c, 1)
+
+    k_beta = k * beta
+    strict = torch.ones(c, c, dtype=torch.bool, device=k.device).tril(-1)
+    system = torch.eye(c, dtype=k.dtype, device=k.device) + (k_beta @ k.transpose(-1, -2)) * strict
+    # One triangular solve gives both halves of U: u = T β V and w = T β K.
+    solved = torch.linalg.solve_triangular(
+        system, torch.cat([v * beta, k_beta], dim=-1), upper=False, unitriangular=True
+    )
+    u, w = solved.split([d_v, d_k], dim=-1)
+    causal = torch.ones(c, c, dtype=torch.bool, device=k.device).tril()
+    scores = (q @ k.transpose(-1, -2)) * causal
+
+    state = k.new_zeros(b, h, d_k, d_v)  # stored transposed (Sᵀ) so rows multiply on the left
+    outs = []
+    for i in range(n):
+        u_i = u[:, :, i] - w[:, :, i] @ state
+        outs.append(q[:, :, i] @ state + scores[:, :, i] @ u_i)
+        state = state + k[:, :, i].transpose(-1, -2) @ u_i
+    return torch.stack(outs, dim=2).reshape(b, h, n * c, d_v)[:, :, :length]
+
+
+class DeltaNet(Mixer):
+    def __init__(self, d_model: int, options: DeltaNetOptions) -> None:
+        super().__init__()
+        if d_model % options.num_heads:
+            raise ValueError(
+                f"model.d_model: {d_model} is not divisible by "
+                f"model.mixer.num_heads={options.num_heads}"
+            )
+        self.options = options
+        self.num_heads = options.num_heads
+        self.head_dim = d_model // options.num_heads
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        self.k_proj = nn.Linear(d_model, d_model, bias=False)
+        self.v_proj = nn.Linear(d_model, d_model, bias=False)
+        self.b_proj = nn.Linear(d_model, options.num_heads, bias=False)
+        self.q_conv = ShortConv(d_model, options.conv_size, bias=options.conv_bias)
+        self.k_conv = ShortConv(d_model, options.conv_size, bias=options.conv_bias)
+        self.v_conv = ShortConv(d_model, options.conv_size, bias=options.conv_bias)
+        self.o_norm = (
+            nn.RMSNorm(self.head_dim, eps=options.norm_eps) if options.output_norm else None
+        )
+        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+
+    def heads(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, T, d] -> [B, H, T, d_head]"""
+        b, t, _ = x.shape
+        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def qkv_beta(
+        self, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, T, d] -> q, k, v [B, H, T, d_head] and β [B, H, T], ready for the delta rule."""
+        q = self.heads(F.silu(self.q_conv(self.q_proj(x))))
+        k = self.heads(F.silu(self.k_conv(self.k_proj(x))))
+        v = self.heads(F.silu(self.v_conv(self.v_proj(x))))
+        q = l2_normalize(q) * self.head_dim**-0.5
+        k = l2_normalize(k)
+        beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)
+        return q, k, v, beta
+
+    def finish(self, o: torch.Tensor) -> torch.Tensor:
+        """Delta-rule output o [B, H, T, d_head] -> mixer output [B, T, d]."""
+        if self.o_norm is not None:
+            o = self.o_norm(o)
+        b, _, t, _ = o.shape
+        return self.out_proj(o.transpose(1, 2).reshape(b, t, -1))
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v, beta = self.qkv_beta(x)
+        return self.finish(delta_rule_chunked(q, k, v, beta, self.options.chunk_size))
+
+    def mix_recurrent(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`mix` with the step-by-step delta rule (for tests and debugging)."""
+        q, k, v, beta = self.qkv_beta(x)
+        return self.finish(delta_rule_recurrent(q, k, v, beta))

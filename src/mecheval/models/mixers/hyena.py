@@ -1,0 +1,75 @@
+"""Hyena (Poli et al., 2023), the order-2 operator as zoology's ``Hyena`` with Table 1 defaults:
+
+    x1, x2, v = split(ShortConv_3(in_proj(u)))       in_proj: d -> 3d; conv: depthwise causal,
+                                                      size short_filter_order, over all 3d channels
+    y = out_proj(x2 * LongConv(x1 * v))               LongConv: implicit filter + D skip
+
+``conv`` (site ``mixer.conv.output``, [B, T, 3d]) is the short convolution; ``long_conv`` (site
+``mixer.long_conv.output``, [B, T, d]) the implicit long convolution: filter MLP of width
+``filter_order`` (64) over ``emb_dim`` (3) positional features with sin activations (shared
+frequency, init 1), exponential-decay modulation, and ``+ D * input`` with D ~ N(0, 1). As in
+zoology's Hyena (whose trainer ignores the per-parameter learning rates it records), the
+positional features are trainable, the decay rates fixed. One head, one block,
+unidirectional: the only configuration zoology's code supports correctly.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from torch import nn
+
+from mecheval.models.mixers.base import Mixer, ShortConv
+from mecheval.models.mixers.long_conv import ImplicitLongConv
+
+
+class HyenaOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    l_max: int = Field(1024, ge=1, description="longest sequence the implicit filter covers")
+    filter_order: int = Field(64, ge=1, description="width of the implicit filter MLP")
+    emb_dim: int = Field(3, ge=3, description="positional features of the filter (odd)")
+    short_filter_order: int = Field(3, ge=1, description="size of the short causal conv")
+    num_heads: int = Field(1, ge=1, le=1, description="kept for Table 1; only 1")
+    num_blocks: int = Field(1, ge=1, le=1, description="kept for Table 1; only 1")
+    outer_mixing: Literal[False] = Field(False, description="kept for Table 1; only False")
+    bidirectional: Literal[False] = Field(False, description="kept for Table 1; only False")
+    dropout: float = Field(0.0, ge=0.0, le=0.0, description="kept for Table 1; always 0")
+    filter_dropout: float = Field(0.0, ge=0.0, le=0.0, description="kept for Table 1; always 0")
+
+    @field_validator("emb_dim")
+    @classmethod
+    def _odd(cls, v: int) -> int:
+        if v % 2 == 0:
+            raise ValueError(f"must be odd (time + cos/sin pairs), got {v}")
+        return v
+
+
+class Hyena(Mixer):
+    def __init__(self, d_model: int, options: HyenaOptions) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.in_proj = nn.Linear(d_model, 3 * d_model)
+        self.conv = ShortConv(3 * d_model, options.short_filter_order)
+        self.long_conv = ImplicitLongConv(
+            d_model,
+            options.l_max,
+            order=options.filter_order,
+            emb_dim=options.emb_dim,
+            learn_positions=True,
+            skip="learned",
+        )
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def init_special(self) -> None:
+        self.conv.reset_parameters()
+        self.long_conv.reset_special()
+
+    def mix(self, u: torch.Tensor) -> torch.Tensor:
+        x1, x2, v = self.conv(self.in_proj(u)).split(self.d_model, dim=-1)
+        return self.out_proj(x2 * self.long_conv(x1 * v))
+
+
+def build_hyena(layer: int, d_model: int, options: HyenaOptions) -> Hyena:
+    return Hyena(d_model, options)

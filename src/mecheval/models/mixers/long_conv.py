@@ -1,0 +1,203 @@
+"""Causal long convolutions and the implicit (Hyena-style) filter that parametrises them.
+
+A long convolution mixes channel ``c`` of ``u [B, T, C]`` with its own kernel ``k[c]``:
+``y[b, t, c] = sum_{s <= t} k[c, t - s] * u[b, s, c]``.
+
+Two implementations of the same function:
+
+* :func:`fft_causal_conv` zero-pads to ``2T`` so the FFT's circular convolution equals the
+  linear (hence causal) one on ``[0, T)``; O(T log T).
+* :func:`direct_causal_conv` is a depthwise ``conv1d`` with ``T - 1`` left zero padding;
+  O(T^2). Its output at ``t`` is computed from inputs ``<= t`` only, so it is *bitwise*
+  causal, whereas FFT rounding spreads ~1e-7 of every input over all positions.
+
+:func:`causal_long_conv` is what the mixers call: the direct form on the CPU, where the
+intervention tests demand bitwise causality and the sequences are short, and the FFT on a
+GPU, where speed matters (tests/test_mixers_conv.py checks both compute the same function).
+
+The implicit filter follows zoology's ``ImplicitLongConvolution`` / Hyena ``Filter``
+(Poli et al., 2023): complex-exponential positional features ``z(t)`` of size ``emb_dim``
+-> MLP with ``sin`` activations (one shared, trainable frequency vector) -> ``[L, C]``,
+multiplied by an exponential-decay window ``exp(-t |delta_c|)`` with per-channel decay rates.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mecheval.models.sites import Site
+
+
+def _kernel_for_length(k: torch.Tensor, t: int) -> torch.Tensor:
+    """Cut or zero-extend a ``[C, Lk]`` kernel to exactly ``t`` taps."""
+    if k.shape[-1] >= t:
+        return k[..., :t]
+    return F.pad(k, (0, t - k.shape[-1]))
+
+
+def fft_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Causal depthwise convolution by FFT. ``u [B, T, C]``, ``k [C, Lk]`` -> ``[B, T, C]``.
+
+    Taps beyond ``T`` cannot reach any output and are dropped; a kernel shorter than ``T``
+    acts as if zero-extended.
+    """
+    t = u.shape[1]
+    k = _kernel_for_length(k, t)
+    n = 2 * t  # >= 2T - 1: no output in [0, T) wraps around
+    u_f = torch.fft.rfft(u, n=n, dim=1)  # [B, n//2 + 1, C]
+    k_f = torch.fft.rfft(k, n=n, dim=-1).transpose(0, 1)  # [n//2 + 1, C]
+    return torch.fft.irfft(u_f * k_f, n=n, dim=1)[:, :t]
+
+
+def direct_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Causal depthwise convolution in the time domain (reference and bitwise-causal path)."""
+    t, c = u.shape[1], u.shape[2]
+    k = _kernel_for_length(k, t).to(u.dtype)
+    h = F.pad(u.transpose(1, 2), (t - 1, 0))
+    # conv1d cross-correlates, so the kernel is flipped: tap j then multiplies u[t - j].
+    y = F.conv1d(h, k.flip(-1).unsqueeze(1), groups=c)
+    return y.transpose(1, 2)
+
+
+def causal_long_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    if u.is_cuda:
+        return fft_causal_conv(u, k).to(u.dtype)
+    return direct_causal_conv(u, k)
+
+
+class Sin(nn.Module):
+    """``sin(freq * x)`` with a trainable per-unit frequency (Hyena's periodic activation)."""
+
+    def __init__(self, dim: int, frequency: float) -> None:
+        super().__init__()
+        self.frequency = frequency
+        self.freq = nn.Parameter(torch.empty(1, dim))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.constant_(self.freq, self.frequency)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(self.freq * x)
+
+
+def positional_features(l_max: int, emb_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hyena's filter input: ``z [1, l_max, emb_dim]`` = [t, Re e^{-i f w}, Im e^{-i f w}] and
+    the normalised time ``t [1, l_max, 1]`` in [0, 1].
+
+    ``bands = (emb_dim - 1) // 2`` frequencies ``f = linspace(1e-4, bands - 1, bands)`` at
+    angles ``w = 2 pi n / l_max``. (With the default emb_dim = 3 there is a single band at
+    f = 1e-4, i.e. almost-constant features: that is what zoology computes.)
+    """
+    if emb_dim < 3 or emb_dim % 2 == 0:
+        raise ValueError(f"emb_dim: must be odd and >= 3 (time, cos, sin), got {emb_dim}")
+    t = torch.linspace(0, 1, l_max)[None, :, None]
+    bands = (emb_dim - 1) // 2
+    w = 2 * math.pi * torch.arange(l_max, dtype=torch.float32)[None, :, None] / l_max
+    f = torch.linspace(1e-4, bands - 1, bands)[None, None]
+    z = torch.exp(-1j * f * w)
+    return torch.cat([t, z.real, z.imag], dim=-1), t
+
+
+class ImplicitFilter(nn.Module):
+    """MLP over positional features -> modulated kernel ``[C, L]`` for any ``L <= l_max``."""
+
+    def __init__(
+        self,
+        channels: int,
+        l_max: int,
+        order: int,
+        emb_dim: int = 3,
+        num_inner_mlps: int = 2,
+        frequency: float = 1.0,
+        learn_positions: bool = False,
+        fast_decay_pct: float = 0.3,
+        slow_decay_pct: float = 1.5,
+        target: float = 1e-2,
+        shift: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.l_max = l_max
+        self.shift = shift
+        z, t = positional_features(l_max, emb_dim)
+        # zoology's Hyena registers z as a trainable parameter (its BaseConv filter does not);
+        # t and the decay rates are fixed in both.
+        if learn_positions:
+            self.z = nn.Parameter(z)
+        else:
+            self.register_buffer("z", z, persistent=False)
+        self.register_buffer("t", t, persistent=False)
+        max_decay = math.log(target) / fast_decay_pct
+        min_decay = math.log(target) / slow_decay_pct
+        self.register_buffer(
+            "deltas", torch.linspace(min_decay, max_decay, channels)[None, None], persistent=False
+        )
+        # One Sin module reused after every hidden layer: the original shares its frequency.
+        act = Sin(order, frequency)
+        layers: list[nn.Module] = [nn.Linear(emb_dim, order), act]
+        for _ in range(num_inner_mlps):
+            layers += [nn.Linear(order, order), act]
+        layers.append(nn.Linear(order, channels, bias=False))
+        self.mlp = nn.Sequential(*layers)
+
+    def forward(self, length: int) -> torch.Tensor:
+        if length > self.l_max:
+            raise ValueError(
+                f"sequence length {length} exceeds model.mixer.l_max={self.l_max} "
+                "(the implicit filter is defined on l_max positions)"
+            )
+        h = self.mlp(self.z[:, :length])  # [1, L, C]
+        h = h * (torch.exp(-self.t[:, :length] * self.deltas.abs()) + self.shift)
+        return h[0].transpose(0, 1)  # [C, L]
+
+
+class ImplicitLongConv(nn.Module):
+    """``y = k * u + skip(u)`` with ``k`` from an :class:`ImplicitFilter`; ``[B, T, C]`` in/out.
+
+    ``skip="identity"`` adds ``u`` (zoology's ``ImplicitLongConvolution`` in BaseConv, whose
+    ``fft_conv`` adds ``u`` unweighted); ``skip="learned"`` adds ``D * u`` with a per-channel
+    ``D ~ N(0, 1)`` (the Hyena ``Filter`` bias). Its ``output`` site makes
+    ``mixer.conv.output`` (or ``mixer.long_conv.output``) addressable.
+    """
+
+    def __init__(
+        self,
+        channels: int,
+        l_max: int,
+        order: int,
+        emb_dim: int = 3,
+        learn_positions: bool = False,
+        skip: Literal["identity", "learned"] = "identity",
+    ) -> None:
+        super().__init__()
+        self.filter = ImplicitFilter(
+            channels, l_max, order, emb_dim=emb_dim, learn_positions=learn_positions
+        )
+        self.D = nn.Parameter(torch.empty(channels)) if skip == "learned" else None
+        self.output = Site()
+        self.reset_special()
+
+    def reset_special(self) -> None:
+        """Init of what the backbone's generic Linear/Embedding init does not touch."""
+        if isinstance(self.filter.z, nn.Parameter):
+            z, _ = positional_features(self.filter.l_max, self.filter.z.shape[-1])
+            with torch.no_grad():
+                self.filter.z.copy_(z)
+        for module in self.filter.mlp:
+            if isinstance(module, Sin):
+                module.reset_parameters()
+        if self.D is not None:
+            nn.init.normal_(self.D)
+
+    def kernel(self, length: int) -> torch.Tensor:
+        return self.filter(length)
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        y = causal_long_conv(u, self.kernel(u.shape[1]))
+        y = y + (u if self.D is None else u * self.D)
+        return self.output(y)

@@ -1,0 +1,322 @@
+"""The convolution-family mixers (BaseConv, Based, H3, Hyena) compute what their papers and
+zoology define: each fast form is checked against an independent slow one."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mecheval.errors import ConfigError
+from mecheval.models import ModelConfig, build_model, site_names
+from mecheval.models.mixers.base import ShortConv
+from mecheval.models.mixers.baseconv import BaseConv
+from mecheval.models.mixers.based import (
+    BasedLinearAttention,
+    linear_attention_quadratic,
+    linear_attention_recurrent,
+    taylor_exp,
+)
+from mecheval.models.mixers.h3 import DiagSSMKernel, H3Options, ShiftSSM
+from mecheval.models.mixers.long_conv import (
+    ImplicitFilter,
+    ImplicitLongConv,
+    direct_causal_conv,
+    fft_causal_conv,
+    positional_features,
+)
+from mecheval.models.registry import get_architecture, parse_options
+
+ARCHS = ["baseconv", "based", "h3", "hyena"]
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def naive_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """y[b, t, c] = sum_{s <= t} k[c, t - s] u[b, s, c], by an explicit Toeplitz matrix."""
+    t = u.shape[1]
+    lag = torch.arange(t)[:, None] - torch.arange(t)[None, :]  # t - s
+    taps = torch.zeros(k.shape[0], t, dtype=k.dtype)
+    n = min(t, k.shape[1])
+    taps[:, :n] = k[:, :n]
+    toeplitz = torch.where(lag >= 0, taps[:, lag.clamp(min=0)], torch.zeros((), dtype=k.dtype))
+    return torch.einsum("cts,bsc->btc", toeplitz, u)
+
+
+def build(arch: str, d: int = 16, n_layers: int = 2, **mixer) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        architecture=arch, d_model=d, n_layers=n_layers, vocab_size=20, max_len=40, mixer=mixer
+    )
+    return build_model(cfg)
+
+
+# --- long convolution -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("t, klen, seed", [(37, 37, 11), (70, 90, 12), (70, 20, 13), (1, 5, 14)])
+def test_fft_conv_equals_direct_and_naive_causal_conv(t: int, klen: int, seed: int) -> None:
+    g = gen(seed)
+    u = torch.randn(3, t, 5, generator=g, dtype=torch.float64)
+    k = torch.randn(5, klen, generator=g, dtype=torch.float64)
+    ref = naive_causal_conv(u, k)
+    torch.testing.assert_close(fft_causal_conv(u, k), ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(direct_causal_conv(u, k), ref, rtol=1e-10, atol=1e-10)
+    # float32, the dtype the models run in
+    torch.testing.assert_close(
+        fft_causal_conv(u.float(), k.float()), ref.float(), rtol=1e-4, atol=1e-4
+    )
+
+
+def test_implicit_filter_does_not_depend_on_sequence_length() -> None:
+    torch.manual_seed(0)
+    f = ImplicitFilter(channels=4, l_max=64, order=8)
+    for p in f.parameters():  # the backbone's N(0, 0.02) leaves the filter near zero
+        torch.nn.init.normal_(p)
+    long, short = f(64), f(23)
+    assert long.shape == (4, 64) and short.shape == (4, 23)
+    torch.testing.assert_close(short, long[:, :23])
+    # exponential-decay window: the slowest channel decays to 1e-2 at t = 1.5, the fastest at
+    # t = 0.3, so the end of the fastest channel's kernel is damped by e^{-ln(100)/0.3}
+    assert long[-1, -1].abs() < 1e-4 * long[-1].abs().max()
+    with pytest.raises(ValueError, match="l_max"):
+        f(65)
+
+
+def test_positional_features_match_hyena() -> None:
+    z, t = positional_features(l_max=4, emb_dim=5)
+    assert z.shape == (1, 4, 5)
+    n = torch.arange(4.0)
+    torch.testing.assert_close(t[0, :, 0], n / 3)
+    torch.testing.assert_close(z[0, :, 0], n / 3)
+    for j, f in enumerate([1e-4, 1.0]):  # bands = 2: f = linspace(1e-4, 1, 2)
+        torch.testing.assert_close(z[0, :, 1 + j], torch.cos(f * 2 * math.pi * n / 4))
+        torch.testing.assert_close(z[0, :, 3 + j], -torch.sin(f * 2 * math.pi * n / 4))
+
+
+def test_implicit_long_conv_adds_skip() -> None:
+    torch.manual_seed(0)
+    u = torch.randn(2, 9, 4)
+    for skip in ("identity", "learned"):
+        conv = ImplicitLongConv(4, l_max=16, order=8, skip=skip)
+        k = conv.kernel(9)
+        expected = naive_causal_conv(u, k) + (u if skip == "identity" else u * conv.D)
+        torch.testing.assert_close(conv(u), expected, rtol=1e-5, atol=1e-6)
+
+
+# --- Based ------------------------------------------------------------------------------
+
+
+def test_taylor_feature_map_is_second_order_exp_expansion() -> None:
+    g = gen(5)
+    q, k = torch.randn(6, 8, generator=g), torch.randn(6, 8, generator=g)
+    dot = (q * k).sum(-1) / math.sqrt(8)
+    torch.testing.assert_close(
+        (taylor_exp(q) * taylor_exp(k)).sum(-1), 1 + dot + dot**2 / 2, rtol=1e-5, atol=1e-5
+    )
+    assert taylor_exp(q).shape == (6, 1 + 8 + 64)
+
+
+@pytest.mark.parametrize("seed", [21, 22])
+def test_based_quadratic_equals_recurrent(seed: int) -> None:
+    torch.manual_seed(seed)
+    mixer = BasedLinearAttention(16, feature_dim=8, num_heads=2)
+    for p in mixer.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    x = torch.randn(3, 29, 16)
+    q, k, v = mixer.featurise(x)
+    quad = linear_attention_quadratic(q, k, v)
+    torch.testing.assert_close(quad, linear_attention_recurrent(q, k, v), rtol=1e-4, atol=1e-5)
+    # and against softmax-free attention written out from its definition
+    scores = torch.einsum("bhtf,bhsf->bhts", q, k).tril()
+    explicit = torch.einsum("bhts,bhse->bhte", scores, v) / scores.sum(-1, keepdim=True)
+    torch.testing.assert_close(quad, explicit, rtol=1e-4, atol=1e-5)
+
+
+def test_based_alternates_and_long_conv_ablation() -> None:
+    kinds = [type(layer.mixer) for layer in build("based", n_layers=3).layers]
+    assert kinds == [BaseConv, BasedLinearAttention, BaseConv]
+    conv = build("based").layers[0].mixer.conv
+    assert isinstance(conv, ShortConv) and conv.kernel_size == 3
+    assert build("based", conv_kernel_size=2).layers[0].mixer.conv.kernel_size == 2
+    model = build("based", long_conv=True)
+    assert isinstance(model.layers[0].mixer.conv, ImplicitLongConv)
+    assert isinstance(model.layers[1].mixer, BasedLinearAttention)
+    assert "layers.0.mixer.conv.output" in site_names(model)
+
+
+# --- BaseConv ---------------------------------------------------------------------------
+
+
+def test_baseconv_kernel_size_cycles_per_layer() -> None:
+    convs = [layer.mixer.conv for layer in build("baseconv", n_layers=3).layers]
+    assert isinstance(convs[0], ShortConv) and convs[0].kernel_size == 3
+    assert isinstance(convs[1], ImplicitLongConv)
+    assert isinstance(convs[2], ShortConv) and convs[2].kernel_size == 3
+    convs = [layer.mixer.conv for layer in build("baseconv", kernel_size=[2]).layers]
+    assert all(isinstance(c, ShortConv) and c.kernel_size == 2 for c in convs)
+    with pytest.raises(ConfigError, match=r"model\.mixer\.kernel_size"):
+        build("baseconv", kernel_size=[3, 0])
+
+
+@pytest.mark.parametrize("use_act", [False, True])
+def test_baseconv_equation(use_act: bool) -> None:
+    torch.manual_seed(0)
+    mixer = BaseConv(8, kernel_size=3, use_act=use_act)
+    u = torch.randn(2, 11, 8)
+    c, p = mixer.conv(u), mixer.projection(u)
+    act = torch.nn.functional.silu if use_act else (lambda z: z)
+    torch.testing.assert_close(mixer(u), act(c) * act(p) + u)
+
+
+# --- H3 ---------------------------------------------------------------------------------
+
+
+def test_shift_ssm_equals_its_recurrence() -> None:
+    torch.manual_seed(0)
+    ssm = ShiftSSM(channels=3, d_state=6, l_max=64)
+    with torch.no_grad():  # B = e_1 at init would make the kernel just C; test the general case
+        ssm.B.normal_()
+    u = torch.randn(2, 15, 3)
+    x = torch.zeros(2, 3, 6)
+    ys = []
+    for t in range(15):
+        x = torch.cat([torch.zeros(2, 3, 1), x[..., :-1]], dim=-1) + ssm.B * u[:, t, :, None]
+        ys.append((ssm.C * x).sum(-1) + ssm.D * u[:, t])
+    torch.testing.assert_close(ssm(u), torch.stack(ys, 1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("disc", ["bilinear", "zoh"])
+def test_diag_ssm_kernel_equals_its_recurrence(disc: str) -> None:
+    torch.manual_seed(1)
+    kernel = DiagSSMKernel(channels=3, d_state=8, discretization=disc)
+    with torch.no_grad():
+        kernel.log_dt.fill_(math.log(0.3))  # large steps so that dt actually matters
+    u = torch.randn(2, 13, 3)
+    da, db, c = kernel.discretize()
+    x = torch.zeros(2, 3, 4, dtype=torch.cfloat)
+    ys = []
+    for t in range(13):
+        x = da * x + db * u[:, t, :, None]
+        ys.append(2 * (c * x).sum(-1).real)
+    torch.testing.assert_close(
+        naive_causal_conv(u, kernel(13)), torch.stack(ys, 1), rtol=1e-4, atol=1e-5
+    )
+    a = torch.complex(-torch.exp(kernel.inv_A_real), kernel.A_imag)
+    dta = a * 0.3
+    b = torch.view_as_complex(kernel.B)
+    if disc == "zoh":
+        expected_da, expected_db = torch.exp(dta), b * (torch.exp(dta) - 1) / a
+    else:
+        expected_da, expected_db = (1 + dta / 2) / (1 - dta / 2), b * 0.3 / (1 - dta / 2)
+    torch.testing.assert_close(da, expected_da)
+    torch.testing.assert_close(db, expected_db)
+
+
+def test_h3_defaults_and_gating() -> None:
+    opts = H3Options()
+    assert (opts.d_state, opts.l_max, opts.head_dim) == (1024, 1024, 1)
+    model = build("h3", d_state=16)
+    mixer = model.layers[0].mixer
+    torch.testing.assert_close(  # S4D-Lin init: A = -1/2 + i pi n
+        mixer.ssm.A_imag[0, :3], torch.tensor([0.0, math.pi, 2 * math.pi])
+    )
+    u = torch.randn(2, 10, 16)
+    q, k, v = mixer.q_proj(u), mixer.k_proj(u), mixer.v_proj(u)
+    kv = mixer.conv(k) * v
+    y = naive_causal_conv(kv, mixer.ssm(10)) + kv * mixer.D
+    torch.testing.assert_close(mixer(u), mixer.output_linear(q * y), rtol=1e-4, atol=1e-5)
+
+
+def test_h3_multi_head_outer_product() -> None:
+    torch.manual_seed(0)
+    mixer = build("h3", d=8, d_state=8, head_dim=4).layers[0].mixer
+    assert mixer.ssm.log_dt.shape == (2,)
+    u = torch.randn(2, 10, 8)
+    q, k, v = mixer.q_proj(u), mixer.k_proj(u), mixer.v_proj(u)
+    k = mixer.conv(k)
+    kernel = mixer.ssm(10)
+    y = torch.zeros(2, 10, 8)
+    for h in range(2):
+        for j in range(4):
+            acc = torch.zeros(2, 10)
+            for i in range(4):
+                kv = (k[..., 4 * h + i] * v[..., 4 * h + j])[..., None]
+                ssm = naive_causal_conv(kv, kernel[h : h + 1]) + kv * mixer.D[h]
+                acc = acc + q[..., 4 * h + i] * ssm[..., 0]
+            y[..., j * 2 + h] = acc  # zoology lays the output out as (j, head)
+    torch.testing.assert_close(mixer(u), mixer.output_linear(y), rtol=1e-4, atol=1e-5)
+
+
+def test_shift_ssm_init_is_a_conv_with_kernel_c() -> None:
+    torch.manual_seed(0)
+    ssm = ShiftSSM(channels=3, d_state=16, l_max=64)
+    assert torch.equal(ssm.B, torch.eye(16)[:1].expand(3, 16))
+    assert ssm.C.abs().max() <= 1 / 4
+    torch.testing.assert_close(ssm.kernel(64), ssm.C.detach(), rtol=0, atol=1e-6)
+    assert ssm.kernel(5).shape == (3, 5)
+
+
+def test_h3_errors() -> None:
+    with pytest.raises(ConfigError, match="d_model"):
+        build("h3", d=18, head_dim=4)
+    with pytest.raises(ConfigError, match=r"model\.mixer\.d_state"):
+        build("h3", d_state=7)
+
+
+# --- Hyena ------------------------------------------------------------------------------
+
+
+def test_hyena_gating_order() -> None:
+    torch.manual_seed(0)
+    mixer = build("hyena").layers[0].mixer
+    with torch.no_grad():  # at init the filter is ~0 and would hide a swapped gate
+        for p in mixer.long_conv.filter.mlp.parameters():
+            p.normal_()
+    u = torch.randn(2, 12, 16)
+    x1, x2, v = mixer.conv(mixer.in_proj(u)).split(16, dim=-1)
+    h = x1 * v
+    y = naive_causal_conv(h, mixer.long_conv.kernel(12)) + h * mixer.long_conv.D
+    torch.testing.assert_close(mixer(u), mixer.out_proj(x2 * y), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="l_max"):
+        build("hyena", l_max=8).layers[0].mixer(torch.randn(1, 9, 16))
+    with pytest.raises(ConfigError, match=r"model\.mixer\.emb_dim"):
+        build("hyena", emb_dim=4)
+
+
+# --- every mixer ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("layer", [0, 1])
+def test_mixer_is_causal(arch: str, layer: int) -> None:
+    torch.manual_seed(0)
+    options = parse_options(arch, {"d_state": 64} if arch == "h3" else {})
+    mixer = get_architecture(arch).build(layer, 16, options).eval()
+    x = torch.randn(2, 33, 16)
+    for t in (0, 17, 31):
+        y = x.clone()
+        y[:, t + 1 :] += torch.randn(2, 32 - t, 16)
+        with torch.no_grad():
+            a, b = mixer(x), mixer(y)
+        # bitwise: interventions compare positions before a patch exactly
+        torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1], rtol=0, atol=0)
+        assert (a[:, t + 1 :] - b[:, t + 1 :]).abs().amax(-1).min() > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_builds_trains_and_exposes_conv_sites(arch: str) -> None:
+    model = build(arch).train()
+    x = torch.randint(0, 20, (3, 37), generator=gen(2))
+    logits = model(x)
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), x.roll(-1, 1).flatten()).backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
+    assert not missing, missing
+    names = set(site_names(model))
+    for i, layer in enumerate(model.layers):
+        has_conv = hasattr(layer.mixer, "conv")
+        assert has_conv == (arch != "based" or i % 2 == 0)
+        assert (f"layers.{i}.mixer.conv.output" in names) == has_conv

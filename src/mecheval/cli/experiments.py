@@ -1,0 +1,177 @@
+"""`mecheval sweep | results | reproduce`: grids of runs, their results table, and the
+registered paper experiments end to end (train, intervene, report)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from mecheval.cli import app
+from mecheval.errors import ConfigError
+
+Workers = Annotated[int, typer.Option(help="local worker processes (torch threads split)")]
+Backend = Annotated[str, typer.Option(help="local | ray")]
+Address = Annotated[str | None, typer.Option(help="Ray cluster address (default: start one)")]
+Out = Annotated[Path, typer.Option(help="folder that holds experiment folders")]
+RetryFailed = Annotated[bool, typer.Option("--retry-failed", help="rerun failed runs")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="no progress display")]
+
+
+class SweepDisplay:
+    """One progress line per running job plus an overall bar (on stderr)."""
+
+    def __init__(self, total_runs: int, enabled: bool) -> None:
+        self.progress = Progress(
+            TextColumn("{task.description:<28}"),
+            BarColumn(),
+            TextColumn("{task.completed:>6.0f}/{task.total:<6.0f}"),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            disable=not enabled,
+            transient=False,
+        )
+        self.overall = self.progress.add_task("all runs", total=total_runs, info="")
+        self.jobs: dict[str, TaskID] = {}
+        self.finished: set[str] = set()
+
+    def __enter__(self) -> SweepDisplay:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(*exc)
+
+    def update(self, item: tuple) -> None:
+        name, step, total, loss = item
+        if name not in self.jobs:
+            self.jobs[name] = self.progress.add_task(name, total=total, info="")
+        info = f"loss {loss:.3f}" if loss is not None else ""
+        self.progress.update(self.jobs[name], completed=step, total=total, info=info)
+        if step >= total and name not in self.finished:
+            self.finished.add(name)
+            self.progress.update(self.overall, advance=1)
+            self.progress.remove_task(self.jobs[name])
+
+
+def _run(spec, out, workers, backend, address, retry_failed, plan, quiet):
+    from mecheval.experiments.runners import plan_runs, run_sweep
+
+    n_runs = len(plan_runs(spec))
+    start = time.perf_counter()
+    with SweepDisplay(n_runs, enabled=not quiet and sys.stderr.isatty()) as display:
+        outcomes = run_sweep(
+            spec,
+            out,
+            workers=workers,
+            backend=backend,
+            address=address,
+            plan=plan,
+            retry_failed=retry_failed,
+            cache_dir=out / ".cache",
+            on_progress=display.update,
+        )
+    failed = [o for o in outcomes if o.state != "done"]
+    typer.echo(
+        f"{spec.name}: {len(outcomes) - len(failed)} done "
+        f"({sum(o.skipped for o in outcomes)} already), {len(failed)} failed, "
+        f"{time.perf_counter() - start:.0f} s"
+    )
+    for o in failed:
+        typer.echo(f"  failed {o.name}: {o.reason}")
+    return outcomes
+
+
+@app.command("sweep")
+def sweep_command(
+    spec_path: Annotated[Path, typer.Argument(help="sweep spec YAML (base + grid)")],
+    out: Out = Path("runs"),
+    workers: Workers = 1,
+    backend: Backend = "local",
+    address: Address = None,
+    retry_failed: RetryFailed = False,
+    interventions: Annotated[
+        bool, typer.Option(help="run the interchange interventions after training")
+    ] = True,
+    quiet: Quiet = False,
+) -> None:
+    """Train every run of a sweep into OUT/<sweep>/<run>/ (resumable; finished runs skip)."""
+    from mecheval.experiments.grid import load_sweep
+    from mecheval.experiments.runners import InterventionPlan
+
+    spec = load_sweep(spec_path)
+    plan = InterventionPlan() if interventions else None
+    outcomes = _run(spec, out, workers, backend, address, retry_failed, plan, quiet)
+    if any(o.state != "done" for o in outcomes):
+        raise typer.Exit(1)
+
+
+@app.command("results")
+def results_command(
+    experiment_dir: Annotated[Path, typer.Argument(help="an experiment folder: OUT/<sweep>")],
+    fmt: Annotated[str, typer.Option("--format", help="csv | parquet | markdown")] = "csv",
+    out: Annotated[Path | None, typer.Option(help="write here instead of stdout")] = None,
+) -> None:
+    """One tidy table (config columns + behavioural + mechanistic metrics) from run folders."""
+    from mecheval.experiments.store import load_results, write_results
+
+    if fmt not in ("csv", "parquet", "markdown"):
+        raise ConfigError(f"--format: expected csv, parquet or markdown, got {fmt!r}")
+    table = load_results(experiment_dir)
+    if out is not None:
+        write_results(table, out, fmt)
+        typer.echo(f"wrote {len(table)} rows to {out}")
+    elif fmt == "parquet":
+        raise ConfigError("--format parquet: needs --out FILE")
+    elif fmt == "markdown":
+        typer.echo(table.to_markdown(index=False))
+    else:
+        typer.echo(table.to_csv(index=False), nl=False)
+
+
+@app.command("reproduce")
+def reproduce_command(
+    name: Annotated[str | None, typer.Argument(help="experiment (see --list)")] = None,
+    preset: Annotated[str, typer.Option(help="quick | paper")] = "quick",
+    out: Out = Path("runs"),
+    workers: Workers = 1,
+    backend: Backend = "local",
+    address: Address = None,
+    retry_failed: RetryFailed = False,
+    list_: Annotated[bool, typer.Option("--list", help="list the experiments")] = False,
+    quiet: Quiet = False,
+) -> None:
+    """Run a registered paper experiment: sweep, interventions, report; print its table."""
+    from mecheval.experiments.catalog import get_experiment, list_experiments
+
+    if list_ or name is None:
+        for e in list_experiments():
+            typer.echo(f"{e.name:<18} {e.description}  [figures: {', '.join(e.figures)}]")
+        return
+    experiment = get_experiment(name)
+    spec = experiment.sweep(preset)
+    _run(spec, out, workers, backend, address, retry_failed, experiment.plan, quiet)
+    _report(out / spec.name, experiment.figures)
+
+
+def _report(experiment_dir: Path, figures: tuple[str, ...]) -> None:
+    from mecheval.experiments.store import load_results
+    from mecheval.report import available_figures, normalise, write_figure
+    from mecheval.report.html import write_html
+
+    table = normalise(load_results(experiment_dir))
+    results, skipped = available_figures(table, list(figures))
+    report_dir = experiment_dir / "report"
+    for result in results:
+        write_figure(result, report_dir)
+        typer.echo(result.markdown)
+    for name, why in skipped.items():
+        typer.echo(f"(figure {name} not made: {why})")
+    write_html(table, report_dir / "report.html")
+    typer.echo(f"report: {report_dir}/ (report.html bundles every figure)")

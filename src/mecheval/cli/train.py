@@ -1,0 +1,76 @@
+"""`mecheval train`: train one model into a run folder (resumes, or skips when done)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mecheval.cli import app
+from mecheval.errors import ConfigError, validate
+
+
+def _format(results: dict, split: str) -> str:
+    r = results.get(split)
+    if not r:
+        return ""
+    return f"{split} p(y)={r['likelihood']:.3f} acc={r['accuracy']:.3f}"
+
+
+@app.command("train")
+def train_command(
+    config: Annotated[
+        Path | None,
+        typer.Argument(help="run config YAML (or use --preset instead)", show_default=False),
+    ] = None,
+    preset: Annotated[str | None, typer.Option(help="base config: paper | quick")] = None,
+    task: Annotated[str, typer.Option(help="with --preset: task kind, ar | atr")] = "ar",
+    arch: Annotated[str, typer.Option(help="with --preset: architecture name")] = "attention",
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="override a field, e.g. --set training.lr=3e-4 (repeatable)"),
+    ] = None,
+    out: Annotated[Path, typer.Option(help="folder that holds run folders")] = Path("runs"),
+    name: Annotated[str | None, typer.Option(help="run folder name (default: from config)")] = None,
+    cache_dir: Annotated[Path | None, typer.Option(help="dataset cache folder")] = None,
+    print_config: Annotated[
+        bool, typer.Option("--print-config", help="print the resolved config and exit")
+    ] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+) -> None:
+    """Train a model: `mecheval train run.yaml` or `mecheval train --preset quick --arch mamba`.
+
+    The run goes to OUT/NAME/. A finished run is skipped; an unfinished one resumes from its
+    last checkpoint. Exit status: 0 done, 1 diverged, 2 bad config.
+    """
+    from mecheval.training import config as run_config
+    from mecheval.training.presets import preset as preset_data
+    from mecheval.training.run import train
+
+    if (config is None) == (preset is None):
+        raise ConfigError("train: give either a CONFIG file or --preset (not both)")
+    if config is not None:
+        cfg = run_config.load_config(config, overrides or [])
+    else:
+        assert preset is not None
+        data = preset_data(preset, task, arch)
+        cfg = run_config.config_from_data(data, overrides or [], source="preset")
+    if name is not None:
+        cfg = validate(run_config.RunConfig, dict(cfg.model_dump(mode="json"), name=name))
+    cfg = run_config.resolve(cfg)
+    if print_config:
+        sys.stdout.write(run_config.dump_yaml(cfg))
+        return
+    assert cfg.name is not None
+    run_dir = out / cfg.name
+    status = train(cfg, run_dir, quiet=quiet, cache_dir=cache_dir)
+    metrics = status.get("metrics") or {}
+    if status["state"] == "failed":
+        print(f"failed: {run_dir}: {status.get('reason')}", file=sys.stderr)
+        raise typer.Exit(1)
+    parts = [p for p in (_format(metrics, "dev"), _format(metrics, "test")) if p]
+    wall = status.get("wall_time")
+    timing = f"{status['step']} steps in {wall:.1f} s" if wall is not None else ""
+    print(f"done: {run_dir}  " + " | ".join([*parts, timing]))

@@ -1,0 +1,133 @@
+"""Sweep specs: a base run config plus a grid, expanded into named runs.
+
+A sweep spec (YAML)::
+
+    name: ar-main
+    base:                      # a partial RunConfig, or {preset: quick, task: ar}
+      preset: quick
+      task: ar
+    set:                       # dotted overrides applied to every run (not in run names)
+      task.n_pairs: 8
+    grid:                      # dotted config paths -> lists of values (a full product)
+      model.architecture: [attention, mamba]
+      model.d_model: [32, 64]
+      training.seed: [0, 1]
+    per_architecture:          # optional overrides applied to runs of one architecture
+      mamba: {training.lr: 3e-3}
+
+Each point of the product becomes one run with a readable, stable name built from the grid
+values in spec order, e.g. ``mamba-d64-lr1e-3-s0``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from mecheval.errors import ConfigError, validate
+
+#: How a grid key shows in a run name: a short prefix (value appended), "" = value alone.
+NAME_PREFIXES: dict[str, str] = {
+    "model.architecture": "",
+    "model.d_model": "d",
+    "model.n_layers": "L",
+    "model.position_embedding": "pe",
+    "model.mixer.d_conv": "conv",
+    "model.mixer.kernel_size": "k",
+    "model.mixer.conv_kernel_size": "k",
+    "model.mixer.long_conv": "long",
+    "training.lr": "lr",
+    "training.seed": "s",
+    "task.seed": "data",
+    "task.n_pairs": "pairs",
+    "task.query": "",
+    "task.split": "split",
+}
+
+
+class SweepSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    base: dict[str, Any] = Field(default_factory=dict)
+    set: dict[str, Any] = Field(default_factory=dict)
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+    per_architecture: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @field_validator("grid")
+    @classmethod
+    def _non_empty(cls, grid: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for key, values in grid.items():
+            if not values:
+                raise ValueError(f"grid.{key}: expected at least one value")
+        return grid
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One point of a sweep: its name and the dotted overrides applied to the base."""
+
+    name: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def override_args(self) -> list[str]:
+        """The overrides as ``key=value`` strings (YAML-parsable values)."""
+        return [f"{k}={format_value(v)}" for k, v in self.overrides.items()]
+
+
+def format_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, str | int | bool) or value is None:
+        return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...")
+    return yaml.safe_dump(value, default_flow_style=True).strip()
+
+
+def name_part(key: str, value: Any) -> str:
+    prefix = NAME_PREFIXES.get(key, key.rsplit(".", 1)[-1])
+    if value is None:
+        text = "none"
+    elif isinstance(value, bool):
+        text = "on" if value else "off"
+    elif isinstance(value, float):
+        text = f"{value:.0e}".replace("e-0", "e-").replace("e+0", "e") if value else "0"
+    elif isinstance(value, list | tuple):
+        text = "_".join(str(v) for v in value)
+    else:
+        text = str(value)
+    return f"{prefix}{text}"
+
+
+def expand(spec: SweepSpec) -> list[RunSpec]:
+    keys = list(spec.grid)
+    runs: list[RunSpec] = []
+    seen: set[str] = set()
+    for values in itertools.product(*(spec.grid[k] for k in keys)):
+        overrides = dict(zip(keys, values, strict=True))
+        arch = overrides.get("model.architecture", spec.base.get("model", {}).get("architecture"))
+        extra = spec.per_architecture.get(str(arch), {}) if arch is not None else {}
+        merged = {**spec.set, **extra, **overrides}
+        name = "-".join(name_part(k, v) for k, v in overrides.items()) or spec.name
+        if name in seen:
+            raise ConfigError(f"grid: two runs would both be named {name!r}")
+        seen.add(name)
+        runs.append(RunSpec(name=name, overrides=merged))
+    return runs
+
+
+def load_sweep(path: str | Path) -> SweepSpec:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read sweep spec ({err.strerror})") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping with name/base/grid")
+    return validate(SweepSpec, data, prefix="sweep")

@@ -1,0 +1,33 @@
+"""Training: the paper's recipe (§4.1), behavioural metrics, checkpoints and run folders."""
+
+from mecheval.training.config import (
+    RunConfig,
+    TrainConfig,
+    dump_yaml,
+    load_config,
+    resolve,
+    total_steps,
+)
+from mecheval.training.metrics import answer_loss, evaluate
+from mecheval.training.run import load_run, read_status, train
+from mecheval.training.schedule import lr_factor, make_scheduler
+from mecheval.training.trainer import Callback, Diverged, Trainer
+
+__all__ = [
+    "Callback",
+    "Diverged",
+    "RunConfig",
+    "TrainConfig",
+    "Trainer",
+    "answer_loss",
+    "dump_yaml",
+    "evaluate",
+    "load_config",
+    "load_run",
+    "lr_factor",
+    "make_scheduler",
+    "read_status",
+    "resolve",
+    "total_steps",
+    "train",
+]

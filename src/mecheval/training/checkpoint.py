@@ -1,0 +1,141 @@
+"""Training-state checkpoints: tensors in safetensors, scalars in JSON; never pickle.
+
+Layout of ``<run>/checkpoint/``::
+
+    step-000500.safetensors   model.*, optim.<param>.<key>, rng.* tensors
+    state.json                step, the tensor file's name, optimizer param groups,
+                              scheduler state, and the trainer's own scalars
+
+``state.json`` is the commit point: the tensor file is written first under a new name, then
+``state.json`` is atomically replaced to point at it, then older tensor files are removed.
+A crash at any moment leaves a consistent checkpoint (the old or the new one).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from mecheval.io import atomic_save_safetensors, atomic_write_json, read_json
+
+FORMAT = 1
+STATE_FILE = "state.json"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, torch.Tensor):
+        raise TypeError("tensors belong in the safetensors file")
+    return value
+
+
+def rng_tensors(device: torch.device) -> dict[str, torch.Tensor]:
+    tensors = {"rng.torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        tensors["rng.cuda"] = torch.cuda.get_rng_state(device)
+    return tensors
+
+
+def restore_rng(tensors: dict[str, torch.Tensor], device: torch.device) -> None:
+    torch.set_rng_state(tensors["rng.torch"])
+    if device.type == "cuda" and "rng.cuda" in tensors:
+        torch.cuda.set_rng_state(tensors["rng.cuda"], device)
+
+
+def save_checkpoint(
+    folder: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scalars: dict[str, Any],
+) -> Path:
+    """Write the full training state at ``step``; ``scalars`` must be JSON-serialisable."""
+    folder.mkdir(parents=True, exist_ok=True)
+    device = next(model.parameters()).device
+    tensors: dict[str, torch.Tensor] = {f"model.{k}": v for k, v in model.state_dict().items()}
+    opt = optimizer.state_dict()
+    optim_scalars: dict[str, dict[str, Any]] = {}
+    for index, state in opt["state"].items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"optim.{index}.{key}"] = value
+            else:
+                optim_scalars.setdefault(str(index), {})[key] = value
+    tensors.update(rng_tensors(device))
+    name = f"step-{step:09d}.safetensors"
+    atomic_save_safetensors(folder / name, tensors, metadata={"format": str(FORMAT)})
+    sched = {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
+    atomic_write_json(
+        folder / STATE_FILE,
+        {
+            "format": FORMAT,
+            "step": step,
+            "tensors": name,
+            "param_groups": _jsonable(opt["param_groups"]),
+            "optim_scalars": _jsonable(optim_scalars),
+            "scheduler": _jsonable(sched),
+            "trainer": _jsonable(scalars),
+        },
+    )
+    for old in folder.glob("step-*.safetensors"):
+        if old.name != name:
+            old.unlink(missing_ok=True)
+    return folder / STATE_FILE
+
+
+def has_checkpoint(folder: Path) -> bool:
+    return (folder / STATE_FILE).is_file()
+
+
+def load_checkpoint(
+    folder: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> tuple[int, dict[str, Any]]:
+    """Restore model, optimizer, scheduler and RNG in place; return (step, trainer scalars)."""
+    meta = read_json(folder / STATE_FILE)
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{folder}: unsupported checkpoint format {meta.get('format')!r}")
+    device = next(model.parameters()).device
+    tensors = load_file(folder / meta["tensors"])
+    model.load_state_dict(
+        {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
+    )
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        if key.startswith("optim."):
+            _, index, name = key.split(".", 2)
+            state.setdefault(int(index), {})[name] = value
+    for index, values in meta["optim_scalars"].items():
+        state.setdefault(int(index), {}).update(values)
+    groups = meta["param_groups"]
+    for group in groups:
+        if "betas" in group:
+            group["betas"] = tuple(group["betas"])
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    scheduler.load_state_dict(dict(meta["scheduler"], lr_lambdas=[None] * len(groups)))
+    restore_rng(tensors, device)
+    return int(meta["step"]), meta["trainer"]
+
+
+def remove_checkpoint(folder: Path) -> None:
+    # The commit point goes first, so a crash midway leaves no checkpoint rather than a
+    # state.json pointing at a deleted tensor file.
+    (folder / STATE_FILE).unlink(missing_ok=True)
+    for path in folder.glob("step-*.safetensors"):
+        path.unlink(missing_ok=True)
+    for path in folder.glob(".*.tmp"):
+        path.unlink(missing_ok=True)
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()

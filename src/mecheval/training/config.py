@@ -1,0 +1,238 @@
+"""A run's config: task + model + training recipe, loaded from YAML with dotted overrides.
+
+The paper's recipe (§4.1) is the default: AdamW β=(0.9, 0.999), ε=1e-8, no weight decay,
+linear warm-up over the first 10 % of steps then cosine decay to 0, batch 32, 16 epochs for
+AR and 32 for ATR.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from mecheval.errors import ConfigError, validate
+from mecheval.models import ModelConfig
+from mecheval.tasks import TaskConfig, max_length, vocab_size
+
+#: Paper epochs per task kind (§4.1: AR 16, §5: ATR 32).
+DEFAULT_EPOCHS: dict[str, int] = {"ar": 16, "atr": 32}
+#: Evaluations per run when ``eval_every`` is unset.
+DEFAULT_EVALS = 20
+
+Split = Literal["train", "dev", "test"]
+
+
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float = Field(1e-3, gt=0.0, description="peak learning rate")
+    batch_size: int = Field(32, ge=1)
+    epochs: int | None = Field(
+        None, ge=1, description="passes over the train set; unset: 16 for AR, 32 for ATR"
+    )
+    steps: int | None = Field(None, ge=1, description="optimizer steps; overrides epochs")
+    warmup_fraction: float = Field(0.1, ge=0.0, le=1.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    train_queries: int = Field(
+        1,
+        ge=1,
+        description=(
+            "AR only: extend each training document past its query with more queries about "
+            "its own pairs, teacher-forced (<div> q1 a1 q2 a2 ... qQ), loss at every query. "
+            "The paper's document is a prefix of each, evaluation documents are unchanged; "
+            "1 = the paper's recipe"
+        ),
+    )
+    grad_clip: float | None = Field(None, gt=0.0, description="max grad norm; unset: no clipping")
+    seed: int = Field(0, ge=0, description="model init and data order (the data seed is task.seed)")
+    eval_every: int | None = Field(None, ge=1, description=f"steps; unset: {DEFAULT_EVALS} evals")
+    checkpoint_every: int | None = Field(None, ge=1, description="steps; unset: eval_every")
+    keep_checkpoint: bool = Field(False, description="keep the training state after a run is done")
+    eval_splits: list[Split] = Field(default_factory=lambda: ["dev", "test"])
+    eval_batch_size: int | None = Field(None, ge=1, description="unset: batch_size")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads; unset: leave as is")
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?|mps)$")
+
+    @field_validator("betas")
+    @classmethod
+    def _check_betas(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= beta < 1.0 for beta in betas):
+            raise ValueError("each beta must be in [0, 1)")
+        return betas
+
+
+class RunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9._=+-]+$", description="run folder name")
+    task: TaskConfig
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    training: TrainConfig = Field(default_factory=TrainConfig)
+
+
+# --------------------------------------------------------------------------- derived values
+
+
+def steps_per_epoch(cfg: RunConfig) -> int:
+    # Partial batches are dropped so every step sees batch_size documents (the paper's
+    # 100,032 train documents are an exact multiple of 32 anyway).
+    return max(1, cfg.task.n_train // cfg.training.batch_size)
+
+
+def total_steps(cfg: RunConfig) -> int:
+    t = cfg.training
+    if t.steps is not None:
+        return t.steps
+    epochs = t.epochs if t.epochs is not None else DEFAULT_EPOCHS[cfg.task.kind]
+    return epochs * steps_per_epoch(cfg)
+
+
+def warmup_steps(cfg: RunConfig) -> int:
+    return round(cfg.training.warmup_fraction * total_steps(cfg))
+
+
+def default_name(cfg: RunConfig) -> str:
+    m, t = cfg.model, cfg.training
+    return f"{cfg.task.kind}-{m.architecture}-d{m.d_model}-L{m.n_layers}-lr{t.lr:g}-s{t.seed}"
+
+
+def resolve(cfg: RunConfig) -> RunConfig:
+    """Fill every unset field that has a derived value, so the dumped config is explicit."""
+    if cfg.task.n_train < cfg.training.batch_size and cfg.training.steps is None:
+        raise ConfigError(
+            f"training.batch_size: {cfg.training.batch_size} exceeds task.n_train="
+            f"{cfg.task.n_train}"
+        )
+    vocab, length = vocab_size(cfg.task), max_length(cfg.task)
+    queries = cfg.training.train_queries
+    if queries > 1:
+        task = cfg.task
+        if task.kind != "ar":
+            raise ConfigError("training.train_queries: extra queries are supported for AR only")
+        if getattr(task, "min_pairs", None) not in (None, task.n_pairs):
+            raise ConfigError(
+                "training.train_queries: extra queries need fixed-length documents "
+                "(task.min_pairs unset)"
+            )
+        if queries > task.n_pairs:
+            raise ConfigError(
+                f"training.train_queries: {queries} exceeds task.n_pairs={task.n_pairs}"
+            )
+        # Each extra query adds its predecessor's answer and itself to the training documents.
+        length += 2 * (queries - 1)
+    model = cfg.model
+    if model.vocab_size is not None and model.vocab_size < vocab:
+        raise ConfigError(
+            f"model.vocab_size: {model.vocab_size} is smaller than the task's {vocab}"
+        )
+    if model.max_len is not None and model.max_len < length:
+        raise ConfigError(
+            f"model.max_len: {model.max_len} is shorter than the task's documents ({length} tokens)"
+        )
+    model = model.model_copy(
+        update={
+            "vocab_size": model.vocab_size if model.vocab_size is not None else vocab,
+            "max_len": model.max_len if model.max_len is not None else length,
+        }
+    )
+    t = cfg.training
+    total = total_steps(cfg)
+    # With an explicit step count, epochs would be a misleading number in the dumped config.
+    epochs = t.epochs
+    if epochs is None and t.steps is None:
+        epochs = DEFAULT_EPOCHS[cfg.task.kind]
+    eval_every = (
+        t.eval_every if t.eval_every is not None else max(1, math.ceil(total / DEFAULT_EVALS))
+    )
+    training = t.model_copy(
+        update={
+            "epochs": epochs,
+            "eval_every": eval_every,
+            "checkpoint_every": t.checkpoint_every
+            if t.checkpoint_every is not None
+            else eval_every,
+            "eval_batch_size": t.eval_batch_size if t.eval_batch_size is not None else t.batch_size,
+        }
+    )
+    resolved = cfg.model_copy(
+        update={"model": model, "training": training, "name": cfg.name or default_name(cfg)}
+    )
+    # Round-trip through validation so a resolved config is exactly what load_config returns.
+    return validate(RunConfig, resolved.model_dump(mode="json"))
+
+
+# --------------------------------------------------------------------------- YAML in and out
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``training.lr=1e-3`` -> (["training", "lr"], 0.001); the value is parsed as YAML."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(
+            f"--set {text!r}: expected KEY=VALUE with a dotted key, e.g. training.lr=1e-3"
+        )
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--set {key}: cannot parse {raw!r} ({err.__class__.__name__})") from None
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for i, part in enumerate(path[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                where = ".".join(path[: i + 1])
+                raise ConfigError(f"--set {'.'.join(path)}: {where} is not a mapping")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def config_from_data(
+    data: Any, overrides: list[str] | None = None, source: str = "config"
+) -> RunConfig:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{source}: expected a mapping at the top level, got {type(data).__name__}"
+        )
+    data = apply_overrides(data, list(overrides or []))
+    return validate(RunConfig, data)
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Read a YAML run config, apply ``a.b=value`` overrides, and validate it."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read ({err.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}:{where} invalid YAML") from None
+    return config_from_data(data, overrides, source=str(path))
+
+
+def config_to_data(cfg: RunConfig) -> dict[str, Any]:
+    return cfg.model_dump(mode="json")
+
+
+def dump_yaml(cfg: RunConfig) -> str:
+    return yaml.safe_dump(config_to_data(cfg), sort_keys=False, default_flow_style=False)

@@ -1,0 +1,122 @@
+"""Behavioural metrics (paper §4.2): likelihood of the answer, accuracy, and loss.
+
+Given the predicted distribution ŷ at the query and the true answer i: likelihood ŷ_i,
+accuracy 1[argmax ŷ = i], loss -log ŷ_i, each averaged over a split. Also the tidy
+``metrics.csv`` (step, split, metric, value) a run writes as it trains.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mecheval.io import atomic_write_csv
+from mecheval.tasks import Batch
+
+METRICS = ("likelihood", "accuracy", "loss")
+CSV_HEADER = ("step", "split", "metric", "value")
+
+
+def answer_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Next-token cross-entropy on the answer only.
+
+    Only the query position's logits are computed: the loss on every other position is masked
+    in the paper, so skipping them gives the same loss and gradient for far less work.
+    """
+    logits = model(batch.tokens, at=batch.query)
+    return F.cross_entropy(logits.float(), batch.answer)
+
+
+def multi_answer_loss(
+    model: nn.Module, tokens: torch.Tensor, positions: torch.Tensor, answers: torch.Tensor
+) -> torch.Tensor:
+    """Mean cross-entropy over several query positions per document.
+
+    ``positions`` [Q] (shared by all documents), ``answers`` [B, Q]; every other position is
+    masked as in :func:`answer_loss`, which this equals when Q = 1.
+    """
+    logits = model(tokens)[:, positions]  # [B, Q, V]
+    return F.cross_entropy(logits.flatten(0, 1).float(), answers.flatten())
+
+
+@torch.no_grad()
+def batch_scores(model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+    """Per-document likelihood, accuracy and loss, each [B] float64."""
+    logp = torch.log_softmax(model(batch.tokens, at=batch.query).double(), dim=-1)
+    answer_logp = logp.gather(1, batch.answer[:, None])[:, 0]
+    return {
+        "likelihood": answer_logp.exp(),
+        "accuracy": (logp.argmax(-1) == batch.answer).double(),
+        "loss": -answer_logp,
+    }
+
+
+def evaluate(
+    model: nn.Module, dataset, batch_size: int, device: torch.device | str | None = None
+) -> dict[str, float]:
+    """Mean likelihood of the answer, accuracy and loss of ``model`` over ``dataset``."""
+    if device is None:
+        device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    totals = dict.fromkeys(METRICS, 0.0)
+    count = 0
+    try:
+        for batch in dataset.iter_batches(batch_size, shuffle=False):
+            batch = batch.to(device)
+            for name, values in batch_scores(model, batch).items():
+                totals[name] += values.sum().item()
+            count += len(batch)
+    finally:
+        model.train(was_training)
+    if count == 0:
+        raise ValueError("evaluate: empty dataset")
+    return {name: total / count for name, total in totals.items()}
+
+
+@dataclass(frozen=True)
+class Row:
+    step: int
+    split: str
+    metric: str
+    value: float
+
+
+class MetricsLog:
+    """The rows of ``metrics.csv``, rewritten whole (atomically) on each flush.
+
+    At these sizes (a few thousand rows) a rewrite is cheap, and it keeps the file complete
+    at every moment and easy to truncate on resume.
+    """
+
+    def __init__(self, path: Path, rows: list[Row] | None = None) -> None:
+        self.path = path
+        self.rows: list[Row] = list(rows or [])
+
+    @classmethod
+    def read(cls, path: Path) -> MetricsLog:
+        return cls(path, read_rows(path) if path.exists() else [])
+
+    def add(self, step: int, split: str, values: dict[str, float]) -> None:
+        for metric, value in values.items():
+            self.rows.append(Row(step, split, metric, float(value)))
+
+    def truncate(self, last_step: int) -> None:
+        """Drop rows after ``last_step`` (written after the checkpoint a run resumes from)."""
+        self.rows = [row for row in self.rows if row.step <= last_step]
+
+    def flush(self) -> None:
+        atomic_write_csv(
+            self.path, CSV_HEADER, ((r.step, r.split, r.metric, r.value) for r in self.rows)
+        )
+
+
+def read_rows(path: Path) -> list[Row]:
+    with open(path, newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        return [Row(int(r["step"]), r["split"], r["metric"], float(r["value"])) for r in reader]

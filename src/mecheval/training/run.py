@@ -1,0 +1,262 @@
+"""A run folder: train into it, resume it, skip it when done, and load it back.
+
+``runs/<name>/``::
+
+    config.yaml           the fully resolved RunConfig
+    model.safetensors     final weights (written when the run is done)
+    metrics.csv           tidy behavioural metrics: step, split, metric, value
+    status.json           {"state": "running" | "done" | "failed", "reason", "step", ...}
+    checkpoint/           training state while the run is unfinished (see checkpoint.py)
+
+Every file is written atomically (mecheval.io).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from mecheval.errors import ConfigError, validate
+from mecheval.io import atomic_save_safetensors, atomic_write_json, atomic_write_text, read_json
+from mecheval.models import LanguageModel, build_model
+from mecheval.training.checkpoint import remove_checkpoint
+from mecheval.training.config import (
+    RunConfig,
+    config_to_data,
+    dump_yaml,
+    load_config,
+    resolve,
+    total_steps,
+)
+from mecheval.training.trainer import (
+    CHECKPOINT_DIR,
+    Callback,
+    Diverged,
+    NullReporter,
+    Reporter,
+    Trainer,
+)
+
+CONFIG_FILE = "config.yaml"
+MODEL_FILE = "model.safetensors"
+STATUS_FILE = "status.json"
+
+#: Fields that may differ between the config a run was started with and the one it is resumed
+#: or skipped with: they change how fast, not what, it computes.
+_RUNTIME_FIELDS = ("threads", "device")
+
+
+def read_status(run_dir: Path) -> dict[str, Any] | None:
+    path = Path(run_dir) / STATUS_FILE
+    return read_json(path) if path.is_file() else None
+
+
+def is_finished(status: Mapping[str, Any] | None) -> bool:
+    """Done, or failed by divergence (which would only diverge again): nothing to redo."""
+    if status is None:
+        return False
+    return status.get("state") == "done" or (
+        status.get("state") == "failed" and str(status.get("reason", "")).startswith("diverged")
+    )
+
+
+def _comparable(cfg: RunConfig) -> dict[str, Any]:
+    data = config_to_data(cfg)
+    for key in _RUNTIME_FIELDS:
+        data["training"].pop(key, None)
+    return data
+
+
+def _write_status(run_dir: Path, **fields: Any) -> dict[str, Any]:
+    status = {
+        "state": fields.pop("state"),
+        "reason": fields.pop("reason", None),
+        **fields,
+        "updated": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    atomic_write_json(run_dir / STATUS_FILE, status)
+    return status
+
+
+def train(
+    cfg: RunConfig,
+    run_dir: str | Path,
+    quiet: bool = False,
+    callbacks: Sequence[Callback] = (),
+    *,
+    datasets: Mapping[str, Any] | None = None,
+    cache_dir: Path | None = None,
+    reporter: Reporter | None = None,
+) -> dict[str, Any]:
+    """Train ``cfg`` into ``run_dir`` and return its status.
+
+    A finished run is skipped (its status is returned); an unfinished one resumes from its
+    last checkpoint and ends exactly as an uninterrupted run would. A diverged run (non-finite
+    loss) is marked failed and its status returned, not raised. ``datasets`` may be passed to
+    share one build between runs of the same task; by default they are built from ``cfg.task``.
+    """
+    cfg = resolve(cfg)
+    run_dir = Path(run_dir)
+    config_path = run_dir / CONFIG_FILE
+    if config_path.is_file():
+        previous = load_config(config_path)
+        if _comparable(previous) != _comparable(cfg):
+            raise ConfigError(
+                f"{run_dir}: holds a run with a different config; choose another name or "
+                "remove the folder"
+            )
+    status = read_status(run_dir)
+    if is_finished(status):
+        assert status is not None
+        return status
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(config_path, dump_yaml(cfg))
+
+    previous_threads = torch.get_num_threads()
+    if cfg.training.threads is not None:
+        torch.set_num_threads(cfg.training.threads)
+    total = total_steps(cfg)
+    start = time.perf_counter()
+    trainer: Trainer | None = None
+    try:
+        if datasets is None:
+            from mecheval.tasks import build_datasets
+
+            datasets = build_datasets(cfg.task, cache_dir=cache_dir)
+        if reporter is None:
+            reporter = NullReporter() if quiet else RichReporter(cfg.name or run_dir.name)
+        trainer = Trainer(cfg, datasets, run_dir, callbacks, reporter)
+        _write_status(run_dir, state="running", step=0, total_steps=total)
+        results = trainer.run()
+        atomic_save_safetensors(run_dir / MODEL_FILE, trainer.model.state_dict())
+        status = _write_status(
+            run_dir,
+            state="done",
+            step=trainer.step,
+            total_steps=total,
+            wall_time=trainer.wall_time(start),
+            metrics=results,
+        )
+        if not cfg.training.keep_checkpoint:
+            remove_checkpoint(run_dir / CHECKPOINT_DIR)
+        return status
+    except Diverged as err:
+        assert trainer is not None
+        return _write_status(
+            run_dir,
+            state="failed",
+            reason=err.reason,
+            step=err.step,
+            total_steps=total,
+            wall_time=trainer.wall_time(start),
+            metrics=trainer.last_results,
+        )
+    except BaseException as err:
+        # Not a property of the config: a later call resumes from the last checkpoint.
+        reason = (
+            "interrupted" if isinstance(err, KeyboardInterrupt) else f"{type(err).__name__}: {err}"
+        )
+        _write_status(
+            run_dir,
+            state="failed",
+            reason=f"crashed: {reason}",
+            step=trainer.step if trainer is not None else 0,
+            total_steps=total,
+            wall_time=trainer.wall_time(start)
+            if trainer is not None
+            else time.perf_counter() - start,
+        )
+        raise
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def load_run(
+    run_dir: str | Path, device: str | torch.device = "cpu"
+) -> tuple[RunConfig, LanguageModel]:
+    """Rebuild a finished run's model from ``config.yaml`` and ``model.safetensors`` (eval mode)."""
+    run_dir = Path(run_dir)
+    config_path, model_path = run_dir / CONFIG_FILE, run_dir / MODEL_FILE
+    if not config_path.is_file():
+        raise ConfigError(f"{run_dir}: not a run folder (no {CONFIG_FILE})")
+    if not model_path.is_file():
+        raise ConfigError(f"{run_dir}: the run has no {MODEL_FILE} yet (not finished?)")
+    cfg = validate(RunConfig, load_config(config_path).model_dump(mode="json"))
+    model = build_model(cfg.model)
+    model.load_state_dict(load_file(model_path, device=str(device)))
+    return cfg, model.to(device).eval()
+
+
+# ---------------------------------------------------------------------- progress display
+
+
+class RichReporter:
+    """A rich progress bar on stderr: step, loss (smoothed), steps/s, ETA, last dev metrics."""
+
+    def __init__(self, label: str, refresh_every: int = 10) -> None:
+        self.label = label
+        self.refresh_every = refresh_every
+        self.progress = None
+        self.task = None
+        self.smoothed: float | None = None
+        self.last_eval = ""
+
+    def start(self, total: int, step: int) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[speed]} steps/s"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[evals]}"),
+            console=Console(stderr=True),
+            transient=False,
+        )
+        self.progress.start()
+        self.task = self.progress.add_task(
+            self.label, total=total, completed=step, loss="-", speed="-", evals=""
+        )
+
+    def step(self, step: int, loss: float) -> None:
+        self.smoothed = loss if self.smoothed is None else 0.98 * self.smoothed + 0.02 * loss
+        if self.progress is not None and (step % self.refresh_every == 0):
+            speed = self.progress.tasks[0].speed
+            self.progress.update(
+                self.task,
+                completed=step,
+                loss=f"{self.smoothed:.3f}",
+                speed="-" if speed is None else f"{speed:.0f}",
+            )
+
+    def evaluated(self, step: int, results: Mapping[str, Mapping[str, float]]) -> None:
+        dev = results.get("dev") or next(iter(results.values()), None)
+        if dev is not None and self.progress is not None:
+            self.progress.update(
+                self.task,
+                completed=step,
+                evals=f"acc {dev['accuracy']:.3f} p(y) {dev['likelihood']:.3f}",
+            )
+
+    def stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None

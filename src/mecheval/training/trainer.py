@@ -1,0 +1,302 @@
+"""The training loop: answer-only cross-entropy, AdamW, warm-up + cosine, periodic evals and
+checkpoints, exact resume.
+
+Reproducibility: the model is initialised from ``training.seed``; the data order of epoch
+``e`` is a permutation drawn from a generator seeded by (``training.seed``, ``e``) only, so the
+batch at any step is a pure function of the config and a resumed run sees the same batches
+as an uninterrupted one. Nothing else in the loop draws random numbers (no dropout), and the
+global RNG state is checkpointed anyway, so that a mixer that does draw stays reproducible.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from mecheval.models import LanguageModel, build_model
+from mecheval.tasks import Batch
+from mecheval.training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
+from mecheval.training.config import RunConfig, total_steps, warmup_steps
+from mecheval.training.metrics import MetricsLog, answer_loss, evaluate, multi_answer_loss
+from mecheval.training.schedule import make_scheduler
+
+#: ``(step, model, run_dir) -> None``, called after each evaluation (step 0 and the end
+#: included); how higher stages (e.g. interventions) hook into training without being imported.
+Callback = Callable[[int, LanguageModel, Path], None]
+
+CHECKPOINT_DIR = "checkpoint"
+METRICS_FILE = "metrics.csv"
+# Separate random streams derived from training.seed, so that no use disturbs another.
+_ORDER_STREAM = 0x0DA7A
+_QUERY_STREAM = 0x0E7A9
+
+
+class Diverged(RuntimeError):
+    def __init__(self, step: int, reason: str) -> None:
+        super().__init__(reason)
+        self.step = step
+        self.reason = reason
+
+
+class Reporter(Protocol):
+    def start(self, total: int, step: int) -> None: ...
+    def step(self, step: int, loss: float) -> None: ...
+    def evaluated(self, step: int, results: Mapping[str, Mapping[str, float]]) -> None: ...
+    def stop(self) -> None: ...
+
+
+class NullReporter:
+    def start(self, total: int, step: int) -> None:
+        pass
+
+    def step(self, step: int, loss: float) -> None:
+        pass
+
+    def evaluated(self, step: int, results: Mapping[str, Mapping[str, float]]) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+def _generator(*entropy: int) -> torch.Generator:
+    state = np.random.SeedSequence(list(entropy)).generate_state(2, dtype=np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """The permutation of ``n`` train documents used in ``epoch``: a function of (seed, epoch)."""
+    return torch.randperm(n, generator=_generator(seed, epoch, _ORDER_STREAM))
+
+
+def extend_queries(
+    batch: Batch, n_queries: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """AR documents ``<bos> k1 v1 .. kp vp <div> q1`` -> ``... <div> q1 a1 q2 a2 .. qQ``.
+
+    q1 is the document's own query; q2..qQ are other keys of the same document, distinct,
+    drawn with ``generator``. Returns (tokens [B, T + 2(Q-1)], query positions [Q],
+    answers [B, Q]). Needs fixed-length documents (one divider position for the batch).
+    """
+    tokens, divider = batch.tokens, batch.roles["divider"]
+    d = int(divider[0])
+    if not bool((divider == d).all()) or (d - 1) % 2 or tokens.shape[1] != d + 2:
+        raise ValueError("extend_queries: needs fixed-length AR documents")
+    b, pairs = tokens.shape[0], (d - 1) // 2
+    if n_queries > pairs:
+        raise ValueError(f"extend_queries: {n_queries} queries but only {pairs} pairs")
+    keys, values = tokens[:, 1:d:2], tokens[:, 2:d:2]
+    own = (batch.roles["key"] - 1) // 2
+    # A random order of the other pairs: sort random scores with the own pair forced last.
+    scores = torch.rand(b, pairs, generator=generator).to(tokens.device)
+    scores[torch.arange(b), own] = 2.0
+    others = scores.argsort(dim=1)[:, : n_queries - 1]
+    order = torch.cat([own[:, None], others], dim=1)  # [B, Q]
+    rows = torch.arange(b, device=tokens.device)[:, None]
+    queries, answers = keys[rows, order], values[rows, order]
+    if not torch.equal(queries[:, 0], tokens[:, d + 1]) or not torch.equal(
+        answers[:, 0], batch.answer
+    ):
+        raise ValueError("extend_queries: documents do not have the AR layout")
+    # Interleave a1 q2 a2 q3 ... qQ after the original query (the last answer is the target).
+    tail = torch.stack([answers[:, :-1], queries[:, 1:]], dim=2).reshape(b, -1)
+    positions = d + 1 + 2 * torch.arange(n_queries, device=tokens.device)
+    return torch.cat([tokens, tail], dim=1), positions, answers
+
+
+def init_model(cfg: RunConfig) -> LanguageModel:
+    """Build the model from ``training.seed`` without disturbing the caller's global RNG."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.training.seed)
+        return build_model(cfg.model)
+
+
+def make_optimizer(model: nn.Module, cfg: RunConfig) -> torch.optim.AdamW:
+    t = cfg.training
+    # Decay matrices only (the usual convention); the paper uses no decay at all.
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": t.weight_decay},
+        {"params": rest, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=t.lr, betas=t.betas, eps=t.eps)
+
+
+class Trainer:
+    """One run's training state and loop. ``cfg`` must be resolved (see ``config.resolve``)."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        datasets: Mapping[str, Any],
+        run_dir: Path,
+        callbacks: Sequence[Callback] = (),
+        reporter: Reporter | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.t = cfg.training
+        self.datasets = datasets
+        self.train_set = datasets["train"]
+        self.run_dir = run_dir
+        self.callbacks = tuple(callbacks)
+        self.reporter = reporter or NullReporter()
+        self.device = torch.device(self.t.device)
+        self.total = total_steps(cfg)
+        if len(self.train_set) < self.t.batch_size:
+            raise ValueError(
+                f"train set has {len(self.train_set)} documents, fewer than one batch "
+                f"({self.t.batch_size})"
+            )
+        # Partial batches are dropped so that every step sees batch_size documents.
+        self.per_epoch = len(self.train_set) // self.t.batch_size
+        self.model = init_model(cfg).to(self.device)
+        self.optimizer = make_optimizer(self.model, cfg)
+        self.scheduler = make_scheduler(self.optimizer, self.total, warmup_steps(cfg))
+        self.metrics = MetricsLog(run_dir / METRICS_FILE)
+        self.step = 0
+        self.loss_sum = 0.0  # running training loss since the last evaluation
+        self.loss_count = 0
+        self.wall_before = 0.0  # wall time spent in earlier sessions of this run
+        self.last_results: dict[str, dict[str, float]] = {}
+        self._order: tuple[int, torch.Tensor] | None = None
+
+    # ------------------------------------------------------------------ data
+    def batch_at(self, step: int) -> Batch:
+        epoch, position = divmod(step, self.per_epoch)
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, epoch_order(len(self.train_set), self.t.seed, epoch))
+        size = self.t.batch_size
+        indices = self._order[1][position * size : (position + 1) * size]
+        return self.train_set.batch(indices).to(self.device)
+
+    # ------------------------------------------------------------------ state
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / CHECKPOINT_DIR
+
+    def scalars(self, wall: float) -> dict[str, Any]:
+        epoch, position = divmod(self.step, self.per_epoch)
+        return {
+            "step": self.step,
+            "epoch": epoch,
+            "position": position,
+            "loss_sum": self.loss_sum,
+            "loss_count": self.loss_count,
+            "wall_time": wall,
+            "last_results": self.last_results,
+        }
+
+    def resume(self) -> bool:
+        """Restore the last checkpoint if there is one; return whether it did."""
+        if not has_checkpoint(self.checkpoint_dir):
+            return False
+        step, scalars = load_checkpoint(
+            self.checkpoint_dir, self.model, self.optimizer, self.scheduler
+        )
+        if divmod(step, self.per_epoch) != (scalars["epoch"], scalars["position"]):
+            raise ValueError(f"{self.checkpoint_dir}: data position does not match step {step}")
+        self.step = step
+        self.loss_sum = float(scalars["loss_sum"])
+        self.loss_count = int(scalars["loss_count"])
+        self.wall_before = float(scalars["wall_time"])
+        self.last_results = scalars["last_results"]
+        # Rows written after the checkpoint will be written again, identically.
+        self.metrics = MetricsLog.read(self.run_dir / METRICS_FILE)
+        self.metrics.truncate(step)
+        return True
+
+    # ------------------------------------------------------------------ loop
+    def loss(self, batch: Batch) -> torch.Tensor:
+        if self.t.train_queries == 1:
+            return answer_loss(self.model, batch)
+        # Drawn from (seed, step) alone, so a resumed run extends its batches identically.
+        generator = _generator(self.t.seed, self.step, _QUERY_STREAM)
+        tokens, positions, answers = extend_queries(batch, self.t.train_queries, generator)
+        return multi_answer_loss(self.model, tokens, positions, answers)
+
+    def train_step(self, batch: Batch) -> float:
+        self.model.train()
+        loss = self.loss(batch)
+        value = loss.item()
+        if not math.isfinite(value):
+            raise Diverged(
+                self.step + 1, f"diverged: training loss is {value} at step {self.step + 1}"
+            )
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.t.grad_clip is not None:
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.t.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        return value
+
+    def evaluate_now(self) -> None:
+        step = self.step
+        if not all(torch.isfinite(p).all() for p in self.model.parameters()):
+            raise Diverged(step, f"diverged: non-finite weights at step {step}")
+        if self.loss_count:
+            self.metrics.add(step, "train", {"running_loss": self.loss_sum / self.loss_count})
+        self.metrics.add(step, "train", {"lr": self.optimizer.param_groups[0]["lr"]})
+        self.loss_sum, self.loss_count = 0.0, 0
+        results: dict[str, dict[str, float]] = {}
+        for split in self.t.eval_splits:
+            assert self.t.eval_batch_size is not None
+            results[split] = evaluate(self.model, self.datasets[split], self.t.eval_batch_size)
+            self.metrics.add(step, split, results[split])
+        self.metrics.flush()
+        self.last_results = results
+        self.reporter.evaluated(step, results)
+        if self.callbacks:
+            self.model.eval()
+            try:
+                for callback in self.callbacks:
+                    callback(step, self.model, self.run_dir)
+            finally:
+                self.model.train()
+
+    def run(self, clock: Callable[[], float] = time.perf_counter) -> dict[str, dict[str, float]]:
+        """Train to the end (resuming if a checkpoint exists); return the final eval results.
+
+        Raises :class:`Diverged` on a non-finite loss or weights.
+        """
+        start = clock()
+        resumed = self.resume()
+        self.reporter.start(self.total, self.step)
+        try:
+            if not resumed:
+                self.evaluate_now()
+            while self.step < self.total:
+                loss = self.train_step(self.batch_at(self.step))
+                self.step += 1
+                self.loss_sum += loss
+                self.loss_count += 1
+                self.reporter.step(self.step, loss)
+                if self.step % self.t.eval_every == 0 or self.step == self.total:
+                    self.evaluate_now()
+                if self.step % self.t.checkpoint_every == 0 and self.step < self.total:
+                    save_checkpoint(
+                        self.checkpoint_dir,
+                        self.step,
+                        self.model,
+                        self.optimizer,
+                        self.scheduler,
+                        self.scalars(self.wall_time(start, clock)),
+                    )
+        except Diverged:
+            # Keep what was measured up to the divergence.
+            self.metrics.flush()
+            raise
+        finally:
+            self.reporter.stop()
+        return self.last_results
+
+    def wall_time(self, start: float, clock: Callable[[], float] = time.perf_counter) -> float:
+        return self.wall_before + (clock() - start)

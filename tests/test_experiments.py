@@ -1,0 +1,152 @@
+"""Sweeps: grid expansion, resumable local runs, failure handling, the results store."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mecheval.errors import ConfigError
+from mecheval.experiments.grid import SweepSpec, expand, load_sweep
+from mecheval.experiments.runners import plan_runs, run_sweep
+from mecheval.experiments.store import load_results, site_parts
+
+TINY_BASE = {
+    "task": {
+        "kind": "ar",
+        "n_keys": 8,
+        "n_values": 8,
+        "n_pairs": 2,
+        "n_train": 64,
+        "n_dev": 16,
+        "n_test": 16,
+    },
+    "model": {"architecture": "attention", "d_model": 16, "n_layers": 1},
+    "training": {"steps": 12, "batch_size": 8, "eval_every": 6, "threads": 1},
+}
+
+
+def tiny_spec(name: str = "tiny", **grid) -> SweepSpec:
+    return SweepSpec(name=name, base=TINY_BASE, grid=grid or {"training.lr": [1e-3, 3e-3]})
+
+
+def test_names_are_readable_stable_and_unique() -> None:
+    spec = SweepSpec(
+        name="x",
+        grid={
+            "model.architecture": ["attention", "mamba"],
+            "model.d_model": [64],
+            "training.lr": [1e-3, 3e-4],
+            "training.seed": [0],
+        },
+        per_architecture={"mamba": {"model.mixer.d_conv": None}},
+        set={"task.n_pairs": 4},
+    )
+    runs = expand(spec)
+    assert [r.name for r in runs] == [
+        "attention-d64-lr1e-3-s0",
+        "attention-d64-lr3e-4-s0",
+        "mamba-d64-lr1e-3-s0",
+        "mamba-d64-lr3e-4-s0",
+    ]
+    assert runs[2].overrides["model.mixer.d_conv"] is None
+    assert "model.mixer.d_conv" not in runs[0].overrides
+    assert all(r.overrides["task.n_pairs"] == 4 for r in runs)
+    assert [r.name for r in expand(spec)] == [r.name for r in runs]
+
+
+def test_planned_configs_carry_the_grid_values() -> None:
+    planned = plan_runs(tiny_spec())
+    assert [cfg.training.lr for _, cfg in planned] == [1e-3, 3e-3]
+    assert [cfg.name for _, cfg in planned] == ["lr1e-3", "lr3e-3"]
+
+
+def test_bad_sweep_spec_is_one_line(tmp_path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("name: s\ngrid: {training.lr: []}\n")
+    with pytest.raises(ConfigError) as err:
+        load_sweep(path)
+    assert "grid" in str(err.value) and "\n" not in str(err.value)
+    path.write_text("name: s\ngird: {}\n")
+    with pytest.raises(ConfigError, match="gird"):
+        load_sweep(path)
+
+
+def test_sweep_runs_skips_and_resumes(tmp_path) -> None:
+    outcomes = run_sweep(tiny_spec(), tmp_path)
+    assert [o.state for o in outcomes] == ["done", "done"]
+    assert not any(o.skipped for o in outcomes)
+    first = (tmp_path / "tiny" / "lr1e-3" / "metrics.csv").read_text()
+
+    # Done runs are skipped on a rerun, their folders untouched.
+    again = run_sweep(tiny_spec(), tmp_path)
+    assert all(o.skipped for o in again)
+
+    # A run whose status vanished (killed before it finished) is redone to the same result.
+    (tmp_path / "tiny" / "lr1e-3" / "status.json").unlink()
+    (tmp_path / "tiny" / "lr1e-3" / "model.safetensors").unlink()
+    redo = run_sweep(tiny_spec(), tmp_path)
+    assert [o.skipped for o in redo] == [False, True]
+    assert (tmp_path / "tiny" / "lr1e-3" / "metrics.csv").read_text() == first
+
+
+def test_a_diverging_run_fails_and_the_sweep_goes_on(tmp_path) -> None:
+    spec = tiny_spec(**{"training.lr": [1e-3, 1e6]})
+    outcomes = run_sweep(spec, tmp_path)
+    states = {o.name: o for o in outcomes}
+    assert states["lr1e6"].state == "failed" and "diverged" in states["lr1e6"].reason
+    assert states["lr1e-3"].state == "done"
+    status = json.loads((tmp_path / "tiny" / "lr1e6" / "status.json").read_text())
+    assert status["state"] == "failed"
+    # Failed runs stay failed on a plain rerun and are retried only when asked.
+    status_path = tmp_path / "tiny" / "lr1e6" / "status.json"
+    written = status_path.stat().st_mtime_ns
+    run_sweep(spec, tmp_path)
+    assert status_path.stat().st_mtime_ns == written
+    run_sweep(spec, tmp_path, retry_failed=True)
+    assert status_path.stat().st_mtime_ns != written
+    assert json.loads(status_path.read_text())["state"] == "failed"
+
+
+def test_two_worker_processes_give_the_same_results(tmp_path) -> None:
+    one = run_sweep(tiny_spec(), tmp_path / "a")
+    two = run_sweep(tiny_spec(), tmp_path / "b", workers=2)
+    assert [o.name for o in two] == [o.name for o in one]
+    for o in one:
+        a = (tmp_path / "a" / "tiny" / o.name / "metrics.csv").read_text()
+        b = (tmp_path / "b" / "tiny" / o.name / "metrics.csv").read_text()
+        assert a == b
+
+
+def test_results_table_has_config_and_behavioural_columns(tmp_path) -> None:
+    run_sweep(tiny_spec(), tmp_path)
+    table = load_results(tmp_path / "tiny")
+    assert set(table["run"]) == {"lr1e-3", "lr3e-3"}
+    assert {"model.architecture", "training.lr", "task.n_pairs", "metric", "value"} <= set(
+        table.columns
+    )
+    final = table[(table.step == 12) & (table.split == "dev") & (table.metric == "accuracy")]
+    assert len(final) == 2 and final["value"].between(0, 1).all()
+    assert set(table["source"]) == {"behavioural"}
+
+
+def test_site_parts() -> None:
+    assert site_parts("layers.1.mixer.conv.output") == (1, "conv", "output")
+    assert site_parts("layers.0.input") == (0, "block", "input")
+    assert site_parts("layers.2.mlp.output") == (2, "mlp", "output")
+    assert site_parts("final_norm.input") == (-1, "final_norm", "input")
+
+
+def test_ray_backend_on_a_local_instance(tmp_path) -> None:
+    import ray  # the `ray` extra: `make setup` installs it, so CI always runs this test
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    try:
+        outcomes = run_sweep(tiny_spec(), tmp_path / "ray", backend="ray")
+    finally:
+        ray.shutdown()
+    local = run_sweep(tiny_spec(), tmp_path / "local")
+    assert [o.state for o in outcomes] == ["done", "done"]
+    for o in local:
+        a = (tmp_path / "ray" / "tiny" / o.name / "metrics.csv").read_text()
+        assert a == (tmp_path / "local" / "tiny" / o.name / "metrics.csv").read_text()

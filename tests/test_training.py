@@ -148,6 +148,8 @@ def test_presets_validate() -> None:
         assert cfg.task.kind == "ar"
     paper = config_from_data(preset("paper", "ar"))
     assert (paper.training.batch_size, paper.training.lr, paper.training.epochs) == (32, 1e-3, 16)
+    quick = config_from_data(preset("quick", "ar", "mamba"))
+    assert quick.model.architecture == "mamba" and quick.model.init_std == 0.1
     with pytest.raises(ConfigError, match="--preset"):
         preset("huge", "ar")
 

@@ -47,7 +47,7 @@ def train_command(
     """
     from mecheval.training import config as run_config
     from mecheval.training.presets import preset as preset_data
-    from mecheval.training.run import train
+    from mecheval.training.run import is_finished, read_status, train
 
     if (config is None) == (preset is None):
         raise ConfigError("train: give either a CONFIG file or --preset (not both)")
@@ -57,6 +57,9 @@ def train_command(
         assert preset is not None
         data = preset_data(preset, task, arch)
         cfg = run_config.config_from_data(data, overrides or [], source="preset")
+    if name is None and cfg.name is None and preset is not None:
+        # Keeps a quick and a paper run of the same model apart under one --out.
+        name = f"{preset}-{run_config.default_name(cfg)}"
     if name is not None:
         cfg = validate(run_config.RunConfig, dict(cfg.model_dump(mode="json"), name=name))
     cfg = run_config.resolve(cfg)
@@ -65,12 +68,17 @@ def train_command(
         return
     assert cfg.name is not None
     run_dir = out / cfg.name
+    skipped = is_finished(read_status(run_dir))
     status = train(cfg, run_dir, quiet=quiet, cache_dir=cache_dir)
     metrics = status.get("metrics") or {}
     if status["state"] == "failed":
-        print(f"failed: {run_dir}: {status.get('reason')}", file=sys.stderr)
+        print(
+            f"failed: {run_dir}: {status.get('reason')} (step {status.get('step')})",
+            file=sys.stderr,
+        )
         raise typer.Exit(1)
     parts = [p for p in (_format(metrics, "dev"), _format(metrics, "test")) if p]
     wall = status.get("wall_time")
     timing = f"{status['step']} steps in {wall:.1f} s" if wall is not None else ""
-    print(f"done: {run_dir}  " + " | ".join([*parts, timing]))
+    word = "done (already, skipped)" if skipped else "done"
+    print(f"{word}: {run_dir}  " + " | ".join([*parts, timing]))

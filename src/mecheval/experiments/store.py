@@ -2,7 +2,7 @@
 
 Each run writes only its own folder, so the table is assembled here by reading them all:
 the run's resolved ``config.yaml`` (flattened into dotted config columns), ``status.json``,
-``metrics.csv`` (behavioural) and ``interventions.csv`` (mechanistic).
+``metrics.csv`` (behavioural), ``interventions.csv`` and ``emergence.csv`` (mechanistic).
 
 Schema (one row per value)::
 
@@ -91,10 +91,16 @@ def behavioural_rows(run_dir: Path) -> pd.DataFrame:
 
 
 def mechanistic_rows(run_dir: Path) -> pd.DataFrame:
-    path = run_dir / "interventions.csv"
-    if not path.exists():
+    # interventions.csv: the full set after training; emergence.csv: the small set
+    # recorded at every evaluation during training (both in the same schema).
+    tables = [
+        pd.read_csv(path, keep_default_na=False)
+        for path in (run_dir / "interventions.csv", run_dir / "emergence.csv")
+        if path.exists()
+    ]
+    if not tables:
         return pd.DataFrame(columns=MEASUREMENT_COLUMNS)
-    table = pd.read_csv(path, keep_default_na=False)
+    table = pd.concat(tables, ignore_index=True)
     table["source"] = "mechanistic"
     return table[MEASUREMENT_COLUMNS]
 

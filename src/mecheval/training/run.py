@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from mecheval.errors import ConfigError, validate
+from mecheval.errors import ConfigError
 from mecheval.io import atomic_save_safetensors, atomic_write_json, atomic_write_text, read_json
 from mecheval.models import LanguageModel, build_model
 from mecheval.training.checkpoint import remove_checkpoint
@@ -187,7 +187,7 @@ def load_run(
         raise ConfigError(f"{run_dir}: not a run folder (no {CONFIG_FILE})")
     if not model_path.is_file():
         raise ConfigError(f"{run_dir}: the run has no {MODEL_FILE} yet (not finished?)")
-    cfg = validate(RunConfig, load_config(config_path).model_dump(mode="json"))
+    cfg = load_config(config_path)
     model = build_model(cfg.model)
     model.load_state_dict(load_file(model_path, device=str(device)))
     return cfg, model.to(device).eval()
@@ -205,7 +205,6 @@ class RichReporter:
         self.progress = None
         self.task = None
         self.smoothed: float | None = None
-        self.last_eval = ""
 
     def start(self, total: int, step: int) -> None:
         from rich.console import Console
@@ -214,17 +213,15 @@ class RichReporter:
             MofNCompleteColumn,
             Progress,
             TextColumn,
-            TimeElapsedColumn,
             TimeRemainingColumn,
         )
 
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
-            BarColumn(),
+            BarColumn(bar_width=24),
             MofNCompleteColumn(),
             TextColumn("loss {task.fields[loss]}"),
             TextColumn("{task.fields[speed]} steps/s"),
-            TimeElapsedColumn(),
             TextColumn("ETA"),
             TimeRemainingColumn(),
             TextColumn("{task.fields[evals]}"),

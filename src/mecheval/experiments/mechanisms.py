@@ -1,0 +1,123 @@
+"""Mechanistic metrics of a run folder: interchange interventions after (and during) training.
+
+``intervene_run`` loads a finished run, builds its eval split, corrupts the key of each
+document, runs the interchange engine and writes ``interventions.csv`` (tidy, in the results
+store's schema) plus ``mechanism.json`` (the label and the numbers it was read from).
+``EmergenceCallback`` plugs into training and records a small intervention set at every
+evaluation into ``emergence.csv``, so the emergence of a mechanism can be plotted.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from mecheval.experiments.runners import InterventionPlan
+from mecheval.experiments.store import MEASUREMENT_COLUMNS, site_parts
+from mecheval.interventions import interchange, label_mechanism
+from mecheval.io import atomic_write_text
+from mecheval.models import LanguageModel
+from mecheval.tasks import Batch, build_datasets, corrupt
+
+INTERVENTIONS_FILE = "interventions.csv"
+EMERGENCE_FILE = "emergence.csv"
+MECHANISM_FILE = "mechanism.json"
+#: Corruption seeds are offset from the data seed so the pair (o, c) is rebuilt exactly.
+CORRUPTION_SEED_OFFSET = 7919
+
+
+def eval_batch(task: Any, split: str, n_docs: int | None) -> tuple[Batch, Batch]:
+    """The first ``n_docs`` documents of ``split`` and their key-corrupted counterfactuals."""
+    if split not in ("dev", "test"):
+        raise ValueError(f"split: expected dev or test, got {split!r}")
+    # The eval splits are drawn from their own seeded streams, so skipping the train split
+    # leaves them byte-identical and saves building 100k documents.
+    datasets = build_datasets(task.model_copy(update={"n_train": 0}))
+    dataset = datasets[split]
+    n = len(dataset) if n_docs is None else min(n_docs, len(dataset))
+    original = dataset.batch(torch.arange(n))
+    return original, corrupt(original, task, seed=task.seed + CORRUPTION_SEED_OFFSET)
+
+
+def tidy_rows(table: pd.DataFrame, split: str, step: int) -> pd.DataFrame:
+    """The engine's table in the store's schema (condition/site/layer/component/io/role)."""
+    rows = table.copy()
+    rows["split"] = split
+    rows["step"] = step
+    parts = [site_parts(s) if s else (-1, "", "") for s in rows["site"]]
+    rows["layer"] = [p[0] for p in parts]
+    rows["component"] = [p[1] for p in parts]
+    rows["io"] = [p[2] for p in parts]
+    rows["source"] = "mechanistic"
+    return rows[MEASUREMENT_COLUMNS]
+
+
+def measure(
+    model: LanguageModel, task: Any, plan: InterventionPlan, step: int
+) -> tuple[pd.DataFrame, Any]:
+    original, corrupted = eval_batch(task, plan.split, plan.n_docs)
+    was_training = model.training
+    model.eval()
+    try:
+        result = interchange(
+            model,
+            original,
+            corrupted,
+            sites=list(plan.sites) if plan.sites else None,
+            roles=list(plan.roles) if plan.roles else None,
+        )
+    finally:
+        model.train(was_training)
+    return tidy_rows(result.table, plan.split, step), result
+
+
+def intervene_run(
+    run_dir: str | Path, plan: InterventionPlan | None = None, skip_existing: bool = False
+) -> pd.DataFrame:
+    """Run the plan's interventions on a finished run and write them into its folder."""
+    from mecheval.training.run import load_run, read_status
+
+    run_dir = Path(run_dir)
+    plan = plan or InterventionPlan()
+    target = run_dir / INTERVENTIONS_FILE
+    if skip_existing and target.exists():
+        return pd.read_csv(target, keep_default_na=False)
+    cfg, model = load_run(run_dir)
+    step = int((read_status(run_dir) or {}).get("step", 0))
+    rows, result = measure(model, cfg.task, plan, step)
+    label = label_mechanism(result.table, n_layers=cfg.model.n_layers)
+    atomic_write_text(run_dir / MECHANISM_FILE, json.dumps(asdict(label), indent=2) + "\n")
+    atomic_write_text(target, rows.to_csv(index=False))
+    return rows
+
+
+class EmergenceCallback:
+    """A training callback: at every evaluation, restore @ key/value/query at the last
+    layer's input on a few documents, appended to ``emergence.csv``.
+
+    Cheap enough to leave on: one clean and one batched patched forward over ``n_docs``
+    documents per evaluation.
+    """
+
+    def __init__(self, task: Any, n_layers: int, n_docs: int = 64, split: str = "dev") -> None:
+        self.task = task
+        self.plan = InterventionPlan(
+            sites=(f"layers.{n_layers - 1}.input",),
+            roles=("key", "value", "query"),
+            split=split,
+            n_docs=n_docs,
+        )
+
+    def __call__(self, step: int, model: LanguageModel, run_dir: Path) -> None:
+        rows, _ = measure(model, self.task, self.plan, step)
+        path = Path(run_dir) / EMERGENCE_FILE
+        if path.exists():
+            previous = pd.read_csv(path, keep_default_na=False)
+            # A resumed run re-evaluates from its checkpoint: drop what it will write again.
+            rows = pd.concat([previous[previous["step"] < step], rows], ignore_index=True)
+        atomic_write_text(path, rows.to_csv(index=False))

@@ -1,0 +1,19 @@
+"""Interchange interventions: patch sites, batched restores, mechanism labels."""
+
+from mecheval.interventions.engine import InterchangeResult, interchange, naive_interchange
+from mecheval.interventions.labels import MechanismLabel, Thresholds, label_mechanism, label_site
+from mecheval.interventions.metrics import restore_view
+from mecheval.interventions.patch import patch, record
+
+__all__ = [
+    "InterchangeResult",
+    "MechanismLabel",
+    "Thresholds",
+    "interchange",
+    "label_mechanism",
+    "label_site",
+    "naive_interchange",
+    "patch",
+    "record",
+    "restore_view",
+]

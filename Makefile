@@ -16,7 +16,7 @@ $(BIN)/mecheval: pyproject.toml
 setup: $(BIN)/mecheval
 
 quick: setup
-	$(BIN)/mecheval task show ar -n 3
+	$(BIN)/mecheval reproduce ar --preset quick --workers 2
 
 test: setup
 	$(BIN)/python -m pytest -q

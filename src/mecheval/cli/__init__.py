@@ -21,6 +21,7 @@ def _register() -> None:
     # Each stage's commands live in their own module; importing registers them on `app`.
     from mecheval.cli import (
         experiments,  # noqa: F401
+        intervene,  # noqa: F401
         models,  # noqa: F401
         report,  # noqa: F401
         task,  # noqa: F401

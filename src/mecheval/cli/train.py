@@ -39,6 +39,14 @@ def train_command(
         bool, typer.Option("--print-config", help="print the resolved config and exit")
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+    track_mechanism: Annotated[
+        bool,
+        typer.Option(
+            "--track-mechanism",
+            help="at every evaluation, restore @ key/value/query at the last layer's input "
+            "on 64 dev documents (emergence.csv), to plot how the mechanism forms",
+        ),
+    ] = False,
 ) -> None:
     """Train a model: `mecheval train run.yaml` or `mecheval train --preset quick --arch mamba`.
 
@@ -69,7 +77,13 @@ def train_command(
     assert cfg.name is not None
     run_dir = out / cfg.name
     skipped = is_finished(read_status(run_dir))
-    status = train(cfg, run_dir, quiet=quiet, cache_dir=cache_dir)
+    callbacks = []
+    if track_mechanism:
+        # The CLI wires a higher stage into training; training itself never imports it.
+        from mecheval.experiments.mechanisms import EmergenceCallback
+
+        callbacks.append(EmergenceCallback(cfg.task, cfg.model.n_layers))
+    status = train(cfg, run_dir, quiet=quiet, cache_dir=cache_dir, callbacks=callbacks)
     metrics = status.get("metrics") or {}
     if status["state"] == "failed":
         print(

@@ -69,6 +69,7 @@ def _catalog() -> dict[str, Experiment]:
             "ar",
             {"model.architecture": archs},
             ("ar-restore", "emergence"),
+            plan=InterventionPlan(during_training=True),
         ),
         Experiment(
             "atr",

@@ -35,6 +35,8 @@ class InterventionPlan:
     roles: tuple[str, ...] | None = None
     split: str = "test"
     n_docs: int | None = None
+    #: also record restores at the last layer's input at every evaluation (emergence.csv)
+    during_training: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,11 +98,17 @@ def execute(job: Job, progress: Any = None) -> Outcome:
     reporter = QueueReporter(job.name, progress) if progress is not None else None
     run_dir = Path(job.run_dir)
     already = read_status(run_dir)
+    callbacks = []
+    if job.plan is not None and job.plan.during_training:
+        from mecheval.experiments.mechanisms import EmergenceCallback
+
+        callbacks.append(EmergenceCallback(cfg.task, cfg.model.n_layers))
     try:
         status = train(
             cfg,
             run_dir,
             quiet=True,
+            callbacks=callbacks,
             reporter=reporter,
             cache_dir=Path(job.cache_dir) if job.cache_dir else None,
         )

@@ -18,6 +18,7 @@ settings still share a cell, the best one by dev likelihood is shown, like the L
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -278,8 +279,11 @@ def _render(
     heights = [max(len(s.rows), 1) * 0.36 + 1.3 for s in sections]
     if extra is not None:
         heights.append(3.6)
-    fig = Figure(figsize=(max(5.0, ncols * width + 0.8), sum(heights) + 0.5), layout="constrained")
-    fig.suptitle(title, fontsize=10)
+    figure_width = max(5.0, ncols * width + 0.8)
+    fig = Figure(figsize=(figure_width, sum(heights) + 0.5), layout="constrained")
+    # Wrap to the figure's width (about 11 characters per inch at this size) so long
+    # titles are not clipped at the edges.
+    fig.suptitle(textwrap.fill(title, width=int(figure_width * 11)), fontsize=10)
     subfigs = np.atleast_1d(fig.subfigures(len(heights), 1, height_ratios=heights)).ravel()
     for sub, section in zip(subfigs, sections, strict=False):
         if section.title:
@@ -841,8 +845,10 @@ def emergence(df: pd.DataFrame) -> FigureResult:
         key=lambda p: (p[0], _arch_key(p[1])),
     )
     widths = sorted(data["d_model"].unique())
-    fig = Figure(figsize=(2.6 * len(widths) + 0.6, 2.0 * len(panels) + 0.8), layout="constrained")
-    fig.suptitle(f"{name}: restored likelihood at layers.{{last}}.input over training", fontsize=10)
+    figure_width = 2.6 * len(widths) + 0.6
+    fig = Figure(figsize=(figure_width, 2.0 * len(panels) + 0.8), layout="constrained")
+    title = f"{name}: restored likelihood at layers.{{last}}.input over training"
+    fig.suptitle(textwrap.fill(title, width=int(figure_width * 11)), fontsize=10)
     axes = fig.subplots(len(panels), len(widths), squeeze=False, sharey=True)
     colours = dict(
         zip([m.label for m in measures], matplotlib.colormaps["tab10"].colors, strict=False)

@@ -1,0 +1,100 @@
+"""Interventions on run folders: after training, during training, in the store, via the CLI."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from mecheval.cli import _register, app, main
+from mecheval.experiments.grid import SweepSpec
+from mecheval.experiments.mechanisms import EmergenceCallback, intervene_run
+from mecheval.experiments.runners import InterventionPlan, run_sweep
+from mecheval.experiments.store import load_results
+from mecheval.report import FIGURES, normalise
+from mecheval.training.config import config_from_data
+from mecheval.training.run import load_run, train
+
+BASE = {
+    "task": {
+        "kind": "ar",
+        "n_keys": 4,
+        "n_values": 4,
+        "n_pairs": 1,
+        "n_train": 256,
+        "n_dev": 16,
+        "n_test": 16,
+    },
+    "model": {"architecture": "attention", "d_model": 16, "n_layers": 2, "init_std": 0.1},
+    "training": {"steps": 40, "batch_size": 16, "eval_every": 20, "threads": 1, "lr": 3e-3},
+}
+
+
+def trained_run(tmp_path, callbacks=()):
+    cfg = config_from_data(json.loads(json.dumps(BASE)), ["name=r"])
+    status = train(cfg, tmp_path / "r", quiet=True, callbacks=callbacks)
+    assert status["state"] == "done"
+    return cfg, tmp_path / "r"
+
+
+def test_intervene_run_writes_tidy_rows_and_a_label(tmp_path) -> None:
+    cfg, run_dir = trained_run(tmp_path)
+    rows = intervene_run(run_dir, InterventionPlan(split="dev"))
+    on_disk = pd.read_csv(run_dir / "interventions.csv", keep_default_na=False)
+    assert len(on_disk) == len(rows)
+    restored = on_disk[on_disk.condition == "restored"]
+    sites = set(restored.site)
+    assert "layers.1.mixer.output" in sites and "final_norm.input" in sites
+    row = restored[restored.site == "layers.1.mixer.output"].iloc[0]
+    assert (row.layer, row.component, row.io) == (1, "mixer", "output")
+    assert set(on_disk.step) == {40}
+    label = json.loads((run_dir / "mechanism.json").read_text())
+    assert label["site"] == "layers.1.input" and label["label"]
+
+
+def test_emergence_callback_records_every_evaluation_and_survives_resume(tmp_path) -> None:
+    cfg = config_from_data(json.loads(json.dumps(BASE)), ["name=r"])
+    callback = EmergenceCallback(cfg.task, n_layers=2, n_docs=8)
+    _, run_dir = trained_run(tmp_path, callbacks=[callback])
+    rows = pd.read_csv(run_dir / "emergence.csv", keep_default_na=False)
+    assert sorted(set(rows.step)) == [0, 20, 40]
+    restored = rows[rows.condition == "restored"]
+    assert set(restored.role) == {"key", "value", "query"}
+    assert set(restored.site) == {"layers.1.input"}
+    # A resumed run re-measures from its checkpoint on: no step appears twice.
+    callback(20, load_run(run_dir)[1], run_dir)
+    again = pd.read_csv(run_dir / "emergence.csv", keep_default_na=False)
+    assert sorted(set(again.step)) == [0, 20]
+    assert len(again[again.step == 20]) == len(rows[rows.step == 20])
+
+
+def test_a_sweep_with_interventions_feeds_the_store_and_the_report(tmp_path) -> None:
+    spec = SweepSpec(name="mech", base=BASE, grid={"model.architecture": ["attention", "mamba"]})
+    plan = InterventionPlan(during_training=True, n_docs=8)
+    outcomes = run_sweep(spec, tmp_path, plan=plan)
+    assert [o.state for o in outcomes] == ["done", "done"]
+    table = load_results(tmp_path / "mech")
+    mech = table[table.source == "mechanistic"]
+    assert set(mech.run) == {"attention", "mamba"}
+    assert {"original", "corrupted", "restored"} <= set(mech.condition)
+    assert len(set(mech.step)) == 3  # emergence at 0, 20, 40 (+ the final set at 40)
+    result = FIGURES["ar-restore"](normalise(table))
+    assert "Attention" in result.markdown and "Mamba" in result.markdown
+
+
+def test_intervene_cli_prints_the_table_and_label(tmp_path, monkeypatch, capsys) -> None:
+    _register()
+    _, run_dir = trained_run(tmp_path)
+    runner = CliRunner()
+    result = runner.invoke(app, ["intervene", str(run_dir), "--split", "dev", "-n", "8"])
+    assert result.exit_code == 0, result.output
+    assert "@ value" in result.output and "mechanism:" in result.output
+    assert (run_dir / "interventions.csv").exists()
+    monkeypatch.setattr(sys, "argv", ["mecheval", "intervene", str(run_dir), "--sites", "x.y"])
+    with pytest.raises(SystemExit) as info:
+        main()
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and err.startswith("error: --sites") and "\n" not in err

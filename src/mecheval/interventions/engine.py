@@ -6,9 +6,12 @@ the run on o, let it propagate, and read p(answer) at the query.
 
 Batching: one clean forward on o (and one on c) caches every site at once; then, per site,
 all roles × all documents go through together as one stacked batch (chunked to
-``max_batch`` rows), each row patched at its own position with its own source value. At a
-block boundary (``layers.{i}.input`` / ``layers.{i}.output``) the cached corrupted residual
-stream is patched directly and only the layers downstream are recomputed.
+``max_batch`` rows), each row patched at its own position with its own source value.
+Nothing upstream of the patch is recomputed: at a block boundary (``layers.{i}.input`` /
+``layers.{i}.output``, ``final_norm.input``) the cached corrupted tensor is patched directly
+and only what follows runs; a site inside block i restarts from the cached corrupted input
+of block i. Rows whose source activation equals the corrupted one (every position but the
+key, before any mixing) are not run at all: their result is the corrupted result.
 
 ``InterchangeResult.table`` is tidy, one row per value::
 
@@ -37,7 +40,7 @@ from mecheval.models.backbone import LanguageModel
 from mecheval.models.sites import site_names
 from mecheval.tasks.batch import ROLES, Batch
 
-_BLOCK_SITE = re.compile(r"^layers\.(\d+)\.(input|output)$")
+_SITE_IN_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 
 
 @dataclass(frozen=True)
@@ -48,9 +51,7 @@ class InterchangeResult:
     @property
     def attribution(self) -> pd.DataFrame:
         """Per document and site: the role whose restore gives the highest likelihood."""
-        best = self.per_example.loc[
-            self.per_example.groupby(["doc", "site"])["restored"].idxmax()
-        ]
+        best = self.per_example.loc[self.per_example.groupby(["doc", "site"])["restored"].idxmax()]
         return best[["doc", "site", "role", "restored"]].reset_index(drop=True)
 
     def value(self, condition: str, metric: str = "likelihood", site: str = "", role: str = ""):
@@ -72,19 +73,43 @@ def answer_scores(logits: torch.Tensor, answer: torch.Tensor) -> tuple[torch.Ten
     return likelihood, (probs.argmax(-1) == answer).float()
 
 
-def _resume_from(model: LanguageModel, site: str) -> int | None:
-    """The first layer to recompute when ``site`` is a block boundary, else None."""
-    match = _BLOCK_SITE.match(site)
+def _restart(model: LanguageModel, site: str) -> tuple[str, int, bool]:
+    """Where a patched forward can start from the cached corrupted run.
+
+    Returns (cached site to start from, first layer to run, whether the patch is applied to
+    that cached tensor directly). Everything upstream of the restart point is identical to
+    the corrupted run, so it is not recomputed.
+    """
+    if site == "final_norm.input":
+        return site, len(model.layers), True
+    match = _SITE_IN_LAYER.match(site)
     if match is None:
-        return None
-    layer = int(match.group(1))
-    return layer if match.group(2) == "input" else layer + 1
+        return "", 0, False  # not inside a block: run the whole model with a hook
+    layer, rest = int(match.group(1)), match.group(2)
+    if rest == "input":
+        return site, layer, True
+    if rest == "output":
+        return site, layer + 1, True
+    return f"layers.{layer}.input", layer, False
 
 
-def _downstream(model: LanguageModel, x: torch.Tensor, first: int, at: torch.Tensor):
-    for layer in model.layers[first:]:
+def _downstream(
+    model: LanguageModel, x: torch.Tensor, first: int, at: torch.Tensor, query_only_tail: bool
+):
+    """Run layers ``first``.. and the head. With ``query_only_tail`` the last block's MLP
+    runs at the query alone (nothing after it looks at other positions)."""
+    layers = model.layers[first:]
+    for layer in layers[:-1] if query_only_tail else layers:
         x = layer(x)
+    if query_only_tail and len(layers):
+        x = layers[-1](x, at=at)
+        at = torch.zeros_like(at)
     return model.head(x, at)
+
+
+def _in_last_block_tail(model: LanguageModel, site: str) -> bool:
+    last = f"layers.{len(model.layers) - 1}."
+    return site.startswith((last + "mlp", last + "output")) or site == "final_norm.input"
 
 
 @torch.no_grad()
@@ -102,9 +127,11 @@ def interchange(
     _check(original, corrupted, roles)
     n = len(original)
     answer = original.answer
+    restarts = {site: _restart(model, site) for site in sites}
+    cached = sorted(set(sites) | {start for start, _, _ in restarts.values() if start})
     with record(model, sites) as source:
         p_orig, acc_orig = answer_scores(model(original.tokens, at=original.query), answer)
-    with record(model, sites) as base:
+    with record(model, cached) as base:
         p_corr, acc_corr = answer_scores(model(corrupted.tokens, at=corrupted.query), answer)
 
     rows = [
@@ -121,27 +148,31 @@ def interchange(
     src_pos = torch.cat([original.roles[r] for r in roles]) if roles else docs[:0]
     dst_pos = torch.cat([corrupted.roles[r] for r in roles]) if roles else docs[:0]
     doc_of_row = docs.repeat(len(roles))
-    tokens = corrupted.tokens[doc_of_row]
-    at = corrupted.query[doc_of_row]
-    target = answer[doc_of_row]
     for site in sites:
         values = source[site][doc_of_row, src_pos]
-        first = _resume_from(model, site)
-        likelihood, accuracy = [], []
-        for lo in range(0, len(doc_of_row), max_batch):
-            chunk = slice(lo, lo + max_batch)
-            if first is not None:
-                x = base[site][doc_of_row[chunk]].clone()
-                x[torch.arange(x.shape[0]), dst_pos[chunk]] = values[chunk]
-                logits = _downstream(model, x, first, at[chunk])
+        # Where the source equals what the corrupted run already has (e.g. every position
+        # but the key before any mixing), the patched run *is* the corrupted run.
+        likelihood = p_corr[doc_of_row].clone()
+        accuracy = acc_corr[doc_of_row].clone()
+        todo = (values != base[site][doc_of_row, dst_pos]).flatten(1).any(1).nonzero()[:, 0]
+        start, first, direct = restarts[site]
+        tail = not _in_last_block_tail(model, site)
+        for lo in range(0, len(todo), max_batch):
+            rows_ = todo[lo : lo + max_batch]
+            docs_, dst_, at_ = doc_of_row[rows_], dst_pos[rows_], corrupted.query[doc_of_row[rows_]]
+            if direct:
+                x = base[start][docs_].clone()
+                x[torch.arange(len(rows_)), dst_] = values[rows_]
+                logits = _downstream(model, x, first, at_, tail)
+            elif start:
+                with patch(model, site, dst_, values[rows_]):
+                    logits = _downstream(model, base[start][docs_], first, at_, tail)
             else:
-                with patch(model, site, dst_pos[chunk], values[chunk]):
-                    logits = model(tokens[chunk], at=at[chunk])
-            p, a = answer_scores(logits, target[chunk])
-            likelihood.append(p)
-            accuracy.append(a)
-        p_all = torch.cat(likelihood).view(len(roles), n)
-        a_all = torch.cat(accuracy).view(len(roles), n)
+                with patch(model, site, dst_, values[rows_]):
+                    logits = model(corrupted.tokens[docs_], at=at_)
+            likelihood[rows_], accuracy[rows_] = answer_scores(logits, answer[docs_])
+        p_all = likelihood.view(len(roles), n)
+        a_all = accuracy.view(len(roles), n)
         for k, role in enumerate(roles):
             rows.append(("restored", site, role, "likelihood", p_all[k].mean().item()))
             rows.append(("restored", site, role, "accuracy", a_all[k].mean().item()))

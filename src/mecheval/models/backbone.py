@@ -59,9 +59,13 @@ class Block(nn.Module):
         self.mlp = MLP(d) if mlp else None
         self.output = Site()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
+        """``at`` (one position per row): the MLP and the output are computed at those
+        positions only, [B, 1, d] -- valid for the last block when only the query matters."""
         x = self.input(x)
         x = x + self.mixer(self.mixer_norm(x))
+        if at is not None:
+            x = x[torch.arange(x.shape[0], device=x.device), at][:, None]
         if self.mlp is not None:
             x = x + self.mlp(self.mlp_norm(x))
         return self.output(x)

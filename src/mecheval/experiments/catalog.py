@@ -61,7 +61,6 @@ def _archs() -> list[str]:
 
 def _catalog() -> dict[str, Experiment]:
     archs = _archs()
-    conv_sites = InterventionPlan(split="test")
     experiments = [
         Experiment(
             "ar",
@@ -98,7 +97,6 @@ def _catalog() -> dict[str, Experiment]:
             "ar",
             {"model.architecture": ["mamba"]},
             ("mamba-conv-sites",),
-            plan=conv_sites,
             quick_grid={"training.lr": [1e-3, 3e-3]},
         ),
         Experiment(

@@ -24,6 +24,7 @@ import yaml
 
 from mecheval.errors import ConfigError
 from mecheval.io import atomic_write_bytes, atomic_write_text
+from mecheval.training.run import STATUS_FILE, read_status
 
 MEASUREMENT_COLUMNS = [
     "source",
@@ -54,15 +55,13 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def read_status(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "status.json"
-    if not path.exists():
-        return {"state": "pending"}
+def run_status(run_dir: Path) -> dict[str, Any]:
+    """The run's status, "pending" before it started; never raises on a bad file."""
     try:
-        return json.loads(path.read_text())
+        return read_status(run_dir) or {"state": "pending"}
     except (OSError, json.JSONDecodeError):
         # Writes are atomic, so a broken file means someone else wrote it: say so, don't guess.
-        return {"state": "unreadable", "reason": f"{path}: not valid JSON"}
+        return {"state": "unreadable", "reason": f"{run_dir / STATUS_FILE}: not valid JSON"}
 
 
 def site_parts(site: str) -> tuple[int, str, str]:
@@ -108,7 +107,7 @@ def mechanistic_rows(run_dir: Path) -> pd.DataFrame:
 def run_table(run_dir: Path) -> pd.DataFrame:
     config_path = run_dir / "config.yaml"
     config = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
-    status = read_status(run_dir)
+    status = run_status(run_dir)
     measurements = pd.concat(
         [t for t in (behavioural_rows(run_dir), mechanistic_rows(run_dir)) if len(t)]
         or [pd.DataFrame(columns=MEASUREMENT_COLUMNS)],

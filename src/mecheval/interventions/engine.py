@@ -134,12 +134,7 @@ def interchange(
     with record(model, cached) as base:
         p_corr, acc_corr = answer_scores(model(corrupted.tokens, at=corrupted.query), answer)
 
-    rows = [
-        ("original", "", "", "likelihood", p_orig.mean().item()),
-        ("original", "", "", "accuracy", acc_orig.mean().item()),
-        ("corrupted", "", "", "likelihood", p_corr.mean().item()),
-        ("corrupted", "", "", "accuracy", acc_corr.mean().item()),
-    ]
+    rows = _baseline_rows(p_orig, acc_orig, p_corr, acc_corr)
     docs = torch.arange(n)
     per_example = []
     if not roles:
@@ -211,12 +206,7 @@ def naive_interchange(
     _check(original, corrupted, roles)
     p_orig, acc_orig = answer_scores(model(original.tokens, at=original.query), original.answer)
     p_corr, acc_corr = answer_scores(model(corrupted.tokens, at=corrupted.query), original.answer)
-    rows = [
-        ("original", "", "", "likelihood", p_orig.mean().item()),
-        ("original", "", "", "accuracy", acc_orig.mean().item()),
-        ("corrupted", "", "", "likelihood", p_corr.mean().item()),
-        ("corrupted", "", "", "accuracy", acc_corr.mean().item()),
-    ]
+    rows = _baseline_rows(p_orig, acc_orig, p_corr, acc_corr)
     per_example = []
     for site in sites:
         for role in roles:
@@ -238,6 +228,17 @@ def naive_interchange(
         per_example, columns=["doc", "site", "role", "restored", "original", "corrupted"]
     )
     return InterchangeResult(table, examples)
+
+
+def _baseline_rows(
+    p_orig: torch.Tensor, acc_orig: torch.Tensor, p_corr: torch.Tensor, acc_corr: torch.Tensor
+) -> list[tuple[str, str, str, str, float]]:
+    return [
+        ("original", "", "", "likelihood", p_orig.mean().item()),
+        ("original", "", "", "accuracy", acc_orig.mean().item()),
+        ("corrupted", "", "", "likelihood", p_corr.mean().item()),
+        ("corrupted", "", "", "accuracy", acc_corr.mean().item()),
+    ]
 
 
 def _check(original: Batch, corrupted: Batch, roles: Sequence[str]) -> None:

@@ -150,3 +150,49 @@ def test_ray_backend_on_a_local_instance(tmp_path) -> None:
     for o in local:
         a = (tmp_path / "ray" / "tiny" / o.name / "metrics.csv").read_text()
         assert a == (tmp_path / "local" / "tiny" / o.name / "metrics.csv").read_text()
+
+
+def test_kill_9_mid_sweep_loses_no_finished_run(tmp_path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    spec = {
+        "name": "killed",
+        "base": {**TINY_BASE, "training": {**TINY_BASE["training"], "steps": 400}},
+        "grid": {"training.lr": [1e-3, 2e-3, 3e-3]},
+    }
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from mecheval.cli import main; main()"]
+        + ["sweep", "spec.yaml", "--out", "runs", "-q", "--no-interventions"],
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    first = tmp_path / "runs" / "killed" / "lr1e-3" / "status.json"
+    deadline = time.monotonic() + 120
+    while not (first.exists() and json.loads(first.read_text())["state"] == "done"):
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail("the first run did not finish in time")
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)  # mid-way through the second run
+    process.wait()
+
+    assert json.loads(first.read_text())["state"] == "done"
+    for folder in (tmp_path / "runs" / "killed").iterdir():
+        for name in ("config.yaml", "status.json"):
+            if (folder / name).exists():  # whatever was written is whole
+                assert yaml.safe_load((folder / name).read_text())
+
+    outcomes = run_sweep(load_sweep(tmp_path / "spec.yaml"), tmp_path / "runs")
+    assert [o.state for o in outcomes] == ["done", "done", "done"]
+    assert outcomes[0].skipped
+    clean = run_sweep(load_sweep(tmp_path / "spec.yaml"), tmp_path / "clean")
+    for o in clean:
+        resumed = (tmp_path / "runs" / "killed" / o.name / "metrics.csv").read_text()
+        assert resumed == (tmp_path / "clean" / "killed" / o.name / "metrics.csv").read_text()

@@ -7,15 +7,11 @@ import pytest
 import torch
 
 from mecheval.errors import ConfigError
-from mecheval.models import (
-    ARCHITECTURES,
-    ModelConfig,
-    build_model,
-    get_site,
-    iter_sites,
-    site_names,
-)
-from mecheval.models.registry import get_architecture
+from mecheval.models import ARCHITECTURES, ModelConfig, build_model
+from mecheval.models.check import CHECKS, CheckFailed, run_checks
+from mecheval.models.mixers.base import Mixer
+from mecheval.models.registry import architecture
+from mecheval.models.sites import Site
 
 VOCAB = 23
 MAX_LEN = 48
@@ -37,53 +33,14 @@ def tokens(b: int, t: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, VOCAB, (b, t), generator=g)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("position_embedding", [True, False])
-def test_causal(arch: str, position_embedding: bool) -> None:
-    model = make(arch, position_embedding=position_embedding)
-    x = tokens(2, 37)
-    t = 20
-    y = x.clone()
-    y[:, t + 1 :] = (y[:, t + 1 :] + 5) % VOCAB
-    with torch.no_grad():
-        a, b = model(x), model(y)
-    torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1], rtol=1e-5, atol=1e-5)
-    assert not torch.allclose(a[:, t + 1 :], b[:, t + 1 :])
+# The interchange check is covered, on every site, by test_interventions.py.
+CONTRACT = [name for name in CHECKS if name != "interchange"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_logits_at_query_equal_full_logits(arch: str) -> None:
-    model = make(arch)
-    x = tokens(3, 29)
-    at = torch.tensor([28, 5, 17])
-    with torch.no_grad():
-        full = model(x)
-        picked = model(x, at=at)
-    torch.testing.assert_close(picked, full[torch.arange(3), at], rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (2, 45)])
-def test_shapes(arch: str, shape: tuple[int, int]) -> None:
-    model = make(arch)
-    with torch.no_grad():
-        out = model(tokens(*shape))
-    assert out.shape == (*shape, VOCAB)
-    assert torch.isfinite(out).all()
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_every_parameter_gets_a_gradient(arch: str) -> None:
-    model = make(arch).train()
-    x = tokens(4, 33)
-    logits = model(x)
-    torch.nn.functional.cross_entropy(
-        logits.flatten(0, 1), tokens(4, 33, seed=2).flatten()
-    ).backward()
-    missing = [
-        n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0
-    ]
-    assert not missing, f"parameters without gradient: {missing}"
+@pytest.mark.parametrize("check", CONTRACT)
+def test_architecture_contract(arch: str, check: str) -> None:
+    CHECKS[check](arch, None)
 
 
 def test_position_embedding_off_removes_it() -> None:
@@ -98,82 +55,6 @@ def test_position_embedding_off_removes_it() -> None:
     )
     with torch.no_grad():
         torch.testing.assert_close(model(x)[:, -1], model(x[:, perm])[:, -1], rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_sites_fire_once_with_token_axis(arch: str) -> None:
-    model = make(arch)
-    seen: dict[str, list[tuple[int, ...]]] = {}
-    handles = [
-        site.register_forward_hook(lambda m, i, o, n=name: seen.setdefault(n, []).append(o.shape))
-        for name, site in iter_sites(model)
-    ]
-    x = tokens(3, 11)
-    with torch.no_grad():
-        model(x, at=torch.tensor([10, 10, 10]))
-    for h in handles:
-        h.remove()
-    names = site_names(model)
-    assert set(seen) == set(names)
-    for name, shapes in seen.items():
-        assert len(shapes) == 1, f"{name} fired {len(shapes)} times"
-        assert shapes[0][:2] == (3, 11), f"{name}: {shapes[0]}"
-        if name.endswith(("layers.0.input", "layers.1.output")) or name == "final_norm.input":
-            assert shapes[0] == (3, 11, 16)
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_site_names_are_submodule_paths(arch: str) -> None:
-    model = make(arch)
-    names = site_names(model)
-    expected = {"final_norm.input"}
-    for i in range(2):
-        expected |= {f"layers.{i}.{s}" for s in ("input", "output", "mixer.input", "mixer.output")}
-        if get_architecture(arch).mlp:
-            expected |= {f"layers.{i}.mlp.input", f"layers.{i}.mlp.output"}
-    assert expected <= set(names)
-    for name in names:
-        assert get_site(model, name) is model.get_submodule(name)
-        assert get_site(model, name).name == name
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_overwriting_a_site_with_itself_changes_nothing(arch: str) -> None:
-    model = make(arch)
-    x = tokens(2, 15)
-    with torch.no_grad():
-        ref = model(x)
-        for name, site in iter_sites(model):
-            handle = site.register_forward_hook(lambda m, i, o: o.clone())
-            try:
-                torch.testing.assert_close(model(x), ref, rtol=0, atol=0, msg=name)
-            finally:
-                handle.remove()
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_patching_layer0_input_at_one_position_changes_only_later_outputs(arch: str) -> None:
-    model = make(arch)
-    x = tokens(2, 19)
-    p = 9
-
-    # A random direction: a constant shift would vanish under the next LayerNorm.
-    direction = torch.randn(16, generator=torch.Generator().manual_seed(4))
-
-    def bump(module, inputs, output):
-        output = output.clone()
-        output[:, p] += direction
-        return output
-
-    with torch.no_grad():
-        ref = model(x)
-        handle = get_site(model, "layers.0.input").register_forward_hook(bump)
-        try:
-            out = model(x)
-        finally:
-            handle.remove()
-    torch.testing.assert_close(out[:, :p], ref[:, :p], rtol=0, atol=0)
-    assert (out[:, p] - ref[:, p]).abs().max() > 1e-4
 
 
 @pytest.mark.parametrize(
@@ -202,3 +83,79 @@ def test_heads_must_divide_d_model() -> None:
 def test_unknown_mixer_option_names_the_field() -> None:
     with pytest.raises(ConfigError, match=r"model\.mixer\.bogus"):
         make("attention", mixer={"bogus": 1})
+
+
+# ---------------------------------------------------------------- the checks catch bad mixers
+
+
+class _Linear(Mixer):
+    def __init__(self, d_model: int, options: object) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(d_model, d_model)
+
+
+class _Peeks(_Linear):
+    """Sees the future: a reversed cumulative sum."""
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x.flip(1).cumsum(1).flip(1))
+
+
+class _MixesTheBatch(_Linear):
+    def mix(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x.cumsum(1) + x.mean(0))
+
+
+class _DeadParameter(_Linear):
+    def __init__(self, d_model: int, options: object) -> None:
+        super().__init__(d_model, options)
+        self.unused = torch.nn.Parameter(torch.ones(d_model))
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x.cumsum(1))
+
+
+class _ChannelsFirstSite(_Linear):
+    def __init__(self, d_model: int, options: object) -> None:
+        super().__init__(d_model, options)
+        self.state = Site()
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.state(x.cumsum(1).transpose(1, 2)).transpose(1, 2))
+
+
+@pytest.fixture
+def broken_architectures():
+    mixers = {
+        "test-peeks": _Peeks,
+        "test-mixes-batch": _MixesTheBatch,
+        "test-dead-parameter": _DeadParameter,
+        "test-channels-first-site": _ChannelsFirstSite,
+    }
+    for name, cls in mixers.items():
+        architecture(name)(cls)
+    yield
+    for name in mixers:
+        del ARCHITECTURES[name]
+
+
+@pytest.mark.parametrize(
+    "arch, check, needle",
+    [
+        ("test-peeks", "causality", "changed by"),
+        ("test-mixes-batch", "batch-independence", "depend on its batch"),
+        ("test-dead-parameter", "gradients", "unused"),
+        ("test-channels-first-site", "sites", "mixer.state"),
+    ],
+)
+def test_each_check_fails_on_a_mixer_that_breaks_it(
+    broken_architectures, arch: str, check: str, needle: str
+) -> None:
+    with pytest.raises(CheckFailed, match=needle):
+        CHECKS[check](arch, None)
+    failed = [r.name for r in run_checks(arch) if not r.passed]
+    assert check in failed
+
+
+def test_a_good_mixer_passes_every_check_including_the_engine() -> None:
+    assert all(r.passed for r in run_checks("based")), run_checks("based")

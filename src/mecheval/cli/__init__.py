@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -15,6 +17,23 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+@app.callback()
+def options(
+    plugin: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="a .py file that registers custom architectures (repeatable; see "
+            "docs/custom-architecture.md)",
+        ),
+    ] = None,
+) -> None:
+    """Mechanistic evaluation of sequence-model architectures."""
+    if plugin:
+        from mecheval.models.registry import use_plugins
+
+        use_plugins(plugin)
 
 
 def _register() -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from mecheval.cli import app
-from mecheval.models import ARCHITECTURES, ModelConfig, build_model, count_parameters, site_names
+from mecheval.models import ModelConfig, build_model, count_parameters, site_names
+from mecheval.models.registry import available_architectures, get_architecture
 
 models_app = typer.Typer(help="Inspect the model zoo.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
@@ -29,7 +32,7 @@ def list_models(
     for d in WIDTHS:
         table.add_column(f"d={d}", justify="right")
     site_lists = {}
-    for name in ARCHITECTURES:
+    for name in available_architectures():
         row = [name]
         for d in WIDTHS:
             cfg = ModelConfig(
@@ -46,5 +49,41 @@ def list_models(
     console.print(table)
     if sites:
         for name, names in site_lists.items():
-            console.print(f"[bold]{name}[/bold] ({ARCHITECTURES[name].description})")
+            console.print(f"[bold]{name}[/bold] ({get_architecture(name).description})")
             console.print("  " + "\n  ".join(names), highlight=False)
+
+
+@app.command("check-mixer")
+def check_mixer(
+    name: Annotated[str, typer.Argument(help="a registered architecture (see models list)")],
+    option: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="a mixer option, key=value (YAML value), repeatable"),
+    ] = None,
+) -> None:
+    """Run the architecture contract on NAME: shapes, causality, batch independence, query
+    logits, gradients, sites, site patching, and the intervention engine. Exit 1 on a failure."""
+    import yaml
+
+    from mecheval.errors import ConfigError
+    from mecheval.models.check import run_checks
+
+    options = {}
+    for item in option or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected key=value")
+        options[key] = yaml.safe_load(value)
+    results = run_checks(name, options)
+    table = Table(title=f"mecheval check-mixer {name}")
+    for column in ("check", "result", "detail", "s"):
+        table.add_column(column, justify="right" if column == "s" else "left")
+    for r in results:
+        verdict = "[green]pass[/green]" if r.passed else "[red]FAIL[/red]"
+        table.add_row(r.name, verdict, r.detail, f"{r.seconds:.1f}")
+    Console().print(table)
+    failed = [r.name for r in results if not r.passed]
+    if failed:
+        typer.echo(f"{name}: {len(failed)} of {len(results)} checks failed: {', '.join(failed)}")
+        raise typer.Exit(1)
+    typer.echo(f"{name}: all {len(results)} checks passed")

@@ -25,7 +25,7 @@ def train_command(
         Path | None,
         typer.Argument(help="run config YAML (or use --preset instead)", show_default=False),
     ] = None,
-    preset: Annotated[str | None, typer.Option(help="base config: paper | quick")] = None,
+    preset: Annotated[str | None, typer.Option(help="base config: paper | quick | tiny")] = None,
     task: Annotated[str, typer.Option(help="with --preset: task kind, ar | atr")] = "ar",
     arch: Annotated[str, typer.Option(help="with --preset: architecture name")] = "attention",
     overrides: Annotated[

@@ -3,7 +3,8 @@
 Each experiment is a sweep (base preset + grid), the interventions to run after training,
 and the report figures that show it. ``quick`` shrinks every grid to what a 2-core laptop
 finishes in minutes (one width, the preset's tuned LR per architecture, one seed);
-``paper`` is the paper's grid (App. A/C, §4.1, §5).
+``paper`` is the paper's grid (App. A/C, §4.1, §5); ``tiny`` runs the quick grid with
+seconds-long trainings, to check that an experiment runs end to end.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from typing import Any
 from mecheval.errors import ConfigError
 from mecheval.experiments.grid import SweepSpec
 from mecheval.experiments.runners import InterventionPlan
-from mecheval.models import ARCHITECTURES
+from mecheval.models import ARCHITECTURES, get_architecture
 
-PRESETS = ("quick", "paper")
+PRESETS = ("quick", "paper", "tiny")
 PAPER_WIDTHS = [16, 32, 64, 128, 256]
 #: The paper's AR grid: {3e-5 … 3e-3} plus the follow-up {1e-2, 3e-2} (text: [3e-5, 3e-2]).
 PAPER_AR_LRS = [3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2]
@@ -36,12 +37,23 @@ class Experiment:
     fixed: dict[str, Any] | None = None  # dotted overrides for every run
     quick_grid: dict[str, list[Any]] | None = None
 
-    def sweep(self, preset: str) -> SweepSpec:
+    def sweep(self, preset: str, archs: list[str] | None = None) -> SweepSpec:
+        """The sweep of this experiment at ``preset``; ``archs`` replaces its architectures
+        (custom ones included) where the experiment compares architectures."""
         if preset not in PRESETS:
             raise ConfigError(f"--preset: expected one of {', '.join(PRESETS)}, got {preset!r}")
         paper = preset == "paper"
         lrs = PAPER_AR_LRS if self.task == "ar" else PAPER_ATR_LRS
         grid = dict(self.grid)
+        if archs is not None:
+            if grid.get("model.architecture") != _archs():
+                raise ConfigError(
+                    f"--archs: experiment {self.name!r} studies "
+                    f"{', '.join(grid.get('model.architecture', []))} only"
+                )
+            for arch in archs:
+                get_architecture(arch)  # fail now, not in every worker
+            grid["model.architecture"] = list(archs)
         if paper:
             grid.setdefault("model.d_model", PAPER_WIDTHS)
             grid.setdefault("training.lr", lrs)

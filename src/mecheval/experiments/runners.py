@@ -20,6 +20,7 @@ from typing import Any
 
 from mecheval.errors import ConfigError
 from mecheval.experiments.grid import RunSpec, SweepSpec, expand
+from mecheval.models.registry import plugin_paths
 from mecheval.training.config import RunConfig, config_from_data
 from mecheval.training.presets import preset
 from mecheval.training.run import STATUS_FILE, read_status
@@ -47,6 +48,8 @@ class Job:
     threads: int
     plan: InterventionPlan | None = None
     cache_dir: str | None = None
+    #: plugin files that register custom architectures, loaded by the worker first
+    plugins: tuple[str, ...] = ()
 
 
 @dataclass
@@ -94,6 +97,10 @@ def execute(job: Job, progress: Any = None) -> Outcome:
     from mecheval.training.run import train
 
     torch.set_num_threads(job.threads)
+    if job.plugins:
+        from mecheval.models.registry import use_plugins
+
+        use_plugins(job.plugins)
     cfg = RunConfig.model_validate(job.config)
     reporter = QueueReporter(job.name, progress) if progress is not None else None
     run_dir = Path(job.run_dir)
@@ -181,6 +188,7 @@ def make_jobs(
                 threads=threads,
                 plan=plan,
                 cache_dir=str(cache_dir) if cache_dir else None,
+                plugins=tuple(plugin_paths()),
             )
         )
     return jobs

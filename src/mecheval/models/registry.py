@@ -1,15 +1,30 @@
 """The explicit architecture registry: name -> mixer builder + typed options.
 
 Configs name an architecture by its registry key; no dotted import strings.
+
+Architectures from outside the package (docs/custom-architecture.md) register the same way,
+with the :func:`architecture` decorator, from
+
+* a plugin file: ``mecheval --plugin my_mixer.py ...`` (or :func:`use_plugins`); the paths
+  are also put in ``$MECHEVAL_PLUGINS`` so that worker processes load them too;
+* an installed package's entry point in the group ``mecheval.architectures`` (the entry
+  point names a module, imported on first lookup of an unknown name).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Literal, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from mecheval.errors import ConfigError, validate
 from mecheval.models.mixers.attention import Attention, AttentionOptions
@@ -37,21 +52,138 @@ class Architecture:
 
 ARCHITECTURES: dict[str, Architecture] = {}
 
+PLUGIN_ENV = "MECHEVAL_PLUGINS"
+ENTRY_POINT_GROUP = "mecheval.architectures"
+_loaded_plugins: set[Path] = set()
+_discovered = False
+
+
+class NoOptions(BaseModel):
+    """The options of an architecture that has none: any key is an error."""
+
+    model_config = ConfigDict(extra="forbid")
+
 
 def register(arch: Architecture) -> Architecture:
     if arch.name in ARCHITECTURES:
-        raise ValueError(f"architecture {arch.name!r} registered twice")
+        raise ConfigError(f"architecture {arch.name!r}: registered twice")
     ARCHITECTURES[arch.name] = arch
     return arch
 
 
+Buildable = TypeVar("Buildable", bound=Callable)
+
+
+def architecture(
+    name: str,
+    *,
+    options: type[BaseModel] = NoOptions,
+    description: str = "",
+    mlp: bool = True,
+    norm: Literal["layer", "rms"] = "layer",
+) -> Callable[[Buildable], Buildable]:
+    """Register a mixer under ``name``: decorate a :class:`Mixer` subclass built as
+    ``cls(d_model, options)``, or a builder ``(layer, d_model, options) -> Mixer`` for an
+    architecture whose layers differ (like Based). ``options`` is the pydantic model of its
+    ``model.mixer`` settings."""
+
+    def decorate(target: Buildable) -> Buildable:
+        if isinstance(target, type) and issubclass(target, Mixer):
+            cls = target
+
+            def build(layer: int, d_model: int, opts: BaseModel) -> Mixer:
+                return cls(d_model, opts)
+        elif callable(target):
+            build = target
+        else:
+            raise TypeError(f"architecture {name!r}: expected a Mixer subclass or a builder")
+        doc = (target.__doc__ or "").strip().split("\n")[0]
+        register(Architecture(name, options, build, description or doc, mlp, norm))
+        return target
+
+    return decorate
+
+
+def load_plugin(path: str | Path) -> list[str]:
+    """Import a plugin file (once per path); return the architectures it registered."""
+    path = Path(path).expanduser().resolve()
+    if path in _loaded_plugins:
+        return []
+    if not path.is_file() or path.suffix != ".py":
+        raise ConfigError(f"--plugin {path}: expected an existing .py file")
+    before = set(ARCHITECTURES)
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
+    module_name = f"mecheval_plugin_{path.stem}_{digest}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        # Leave nothing half-registered behind.
+        del sys.modules[module_name]
+        for name in set(ARCHITECTURES) - before:
+            del ARCHITECTURES[name]
+        frame = traceback.extract_tb(err.__traceback__)[-1]
+        where = f"{Path(frame.filename).name}:{frame.lineno}"
+        raise ConfigError(
+            f"--plugin {path}: failed to import ({where}): {type(err).__name__}: {err}"
+        ) from err
+    _loaded_plugins.add(path)
+    return sorted(set(ARCHITECTURES) - before)
+
+
+def use_plugins(paths: Iterable[str | Path]) -> list[str]:
+    """Load plugin files here and make worker processes started from now on load them too."""
+    paths = [str(Path(p).expanduser().resolve()) for p in paths]
+    registered = [name for path in paths for name in load_plugin(path)]
+    known = [p for p in os.environ.get(PLUGIN_ENV, "").split(os.pathsep) if p]
+    os.environ[PLUGIN_ENV] = os.pathsep.join(dict.fromkeys([*known, *paths]))
+    return registered
+
+
+def plugin_paths() -> list[str]:
+    """The plugin files this process was asked to load (for jobs sent to other machines)."""
+    return [p for p in os.environ.get(PLUGIN_ENV, "").split(os.pathsep) if p]
+
+
+def discover() -> None:
+    """Load ``$MECHEVAL_PLUGINS`` and the ``mecheval.architectures`` entry points, once."""
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    for path in plugin_paths():
+        load_plugin(path)
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            loaded = entry.load()
+        except Exception as err:
+            raise ConfigError(
+                f"entry point {entry.name} = {entry.value} ({ENTRY_POINT_GROUP}): failed to "
+                f"import: {type(err).__name__}: {err}"
+            ) from None
+        if isinstance(loaded, Architecture) and loaded.name not in ARCHITECTURES:
+            register(loaded)
+
+
+def available_architectures() -> list[str]:
+    """Every registered architecture name, plugins and entry points included."""
+    discover()
+    return list(ARCHITECTURES)
+
+
 def get_architecture(name: str) -> Architecture:
+    if name not in ARCHITECTURES:
+        discover()
     try:
         return ARCHITECTURES[name]
     except KeyError:
         known = ", ".join(sorted(ARCHITECTURES))
         raise ConfigError(
-            f"model.architecture: unknown {name!r} (expected one of: {known})"
+            f"model.architecture: unknown {name!r} (expected one of: {known}; a custom "
+            "architecture needs --plugin FILE or an installed entry point)"
         ) from None
 
 

@@ -1,4 +1,5 @@
-"""Named base configs: ``paper`` (the paper's scale) and ``quick`` (minutes on a laptop CPU).
+"""Named base configs: ``paper`` (the paper's scale), ``quick`` (minutes on a laptop CPU) and
+``tiny`` (seconds: a smoke test of the whole pipeline, e.g. in CI; its models learn little).
 
 A preset is plain config data for (task kind, architecture); ``--set`` overrides apply on top.
 See docs/quick-preset.md for how the ``quick`` numbers were measured.
@@ -11,7 +12,7 @@ from typing import Any
 
 from mecheval.errors import ConfigError
 
-PRESETS = ("paper", "quick")
+PRESETS = ("paper", "quick", "tiny")
 TASKS = ("ar", "atr")
 
 # ----------------------------------------------------------------------------- paper
@@ -51,6 +52,30 @@ _QUICK: dict[str, dict[str, Any]] = {
     },
 }
 
+# ----------------------------------------------------------------------------- tiny
+_TINY_TRAINING = {"steps": 40, "batch_size": 16, "eval_every": 20, "lr": 3e-3}
+_TINY: dict[str, dict[str, Any]] = {
+    "ar": {
+        "task": {
+            "kind": "ar",
+            "n_keys": 8,
+            "n_values": 8,
+            "n_pairs": 2,
+            "n_train": 640,
+            "n_dev": 64,
+            "n_test": 64,
+        },
+        "model": {"d_model": 16, "n_layers": 2, "init_std": 0.1},
+        "training": _TINY_TRAINING,
+    },
+    "atr": {
+        "task": {"kind": "atr", "n_train": 640, "n_dev": 32, "n_test": 32},
+        "model": {"d_model": 16, "n_layers": 2, "init_std": 0.1},
+        "training": _TINY_TRAINING,
+    },
+}
+_BY_NAME = {"paper": _PAPER, "quick": _QUICK, "tiny": _TINY}
+
 #: Per-architecture peak LR for ``quick`` (AR), the better of 1e-3 and 3e-3 as measured in
 #: docs/quick-preset.md; architectures not listed use 1e-3.
 QUICK_LR: dict[str, float] = {"mamba": 3e-3, "hyena": 3e-3}
@@ -62,7 +87,7 @@ def preset(name: str, task: str, architecture: str = "attention") -> dict[str, A
         raise ConfigError(f"--preset: unknown {name!r} (expected one of: {', '.join(PRESETS)})")
     if task not in TASKS:
         raise ConfigError(f"--task: unknown {task!r} (expected one of: {', '.join(TASKS)})")
-    data = copy.deepcopy((_PAPER if name == "paper" else _QUICK)[task])
+    data = copy.deepcopy(_BY_NAME[name][task])
     data["model"]["architecture"] = architecture
     if name == "quick" and task == "ar" and architecture in QUICK_LR:
         data["training"]["lr"] = QUICK_LR[architecture]

@@ -241,6 +241,20 @@ def test_restore_table_resolves_last_layer_per_run():
     assert table.loc[("attention", 64), "Restored @ value"] == pytest.approx(60.0)
 
 
+def test_final_restores_come_from_the_full_set_not_the_emergence_sample():
+    # At the last step a run has both the emergence sample (dev) and the full
+    # post-training interventions (test): the table shows the full set.
+    rows = run_rows("r", config(), dev=0.9, mech=restore_mech(0.8, 0.1, 0.1, 0.5, 0.1))
+    rows += [
+        {**row, "split": "test", "value": row["value"] + 0.1}
+        for row in rows
+        if row.get("source") == "mechanistic"
+    ]
+    table = restore_table(pd.DataFrame(rows))
+    assert table.loc[("attention", 32), "Restored @ value"] == pytest.approx(60.0)
+    assert table.loc[("attention", 32), "Original"] == pytest.approx(90.0)
+
+
 def test_unhashable_config_values_are_grouped():
     # The store flattens an empty options block (``mixer: {}``) to a dict value.
     rows = run_rows("a", config(**{"model.mixer": {}}), dev=0.9, mech=restore_mech(1, 0, 0, 0.5, 0))

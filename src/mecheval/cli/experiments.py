@@ -138,13 +138,17 @@ def results_command(
 @app.command("reproduce")
 def reproduce_command(
     name: Annotated[str | None, typer.Argument(help="experiment (see --list)")] = None,
-    preset: Annotated[str, typer.Option(help="quick | paper")] = "quick",
+    preset: Annotated[str, typer.Option(help="quick | paper | tiny")] = "quick",
     out: Out = Path("runs"),
     workers: Workers = 1,
     backend: Backend = "local",
     address: Address = None,
     retry_failed: RetryFailed = False,
     list_: Annotated[bool, typer.Option("--list", help="list the experiments")] = False,
+    archs: Annotated[
+        str | None,
+        typer.Option(help="comma-separated architectures instead of the paper's seven"),
+    ] = None,
     quiet: Quiet = False,
 ) -> None:
     """Run a registered paper experiment: sweep, interventions, report; print its table."""
@@ -155,13 +159,15 @@ def reproduce_command(
             typer.echo(f"{e.name:<18} {e.description}  [figures: {', '.join(e.figures)}]")
         return
     experiment = get_experiment(name)
-    spec = experiment.sweep(preset)
+    chosen = [a.strip() for a in archs.split(",") if a.strip()] if archs is not None else None
+    spec = experiment.sweep(preset, chosen)
     _run(spec, out, workers, backend, address, retry_failed, experiment.plan, quiet)
     _report(out / spec.name, experiment.figures)
 
 
 def _report(experiment_dir: Path, figures: tuple[str, ...]) -> None:
-    from mecheval.experiments.store import load_results
+    from mecheval.experiments.catalog import ARCH_ORDER
+    from mecheval.experiments.store import load_results, mechanism_summary
     from mecheval.report import available_figures, normalise, write_figure
     from mecheval.report.html import write_html
 
@@ -175,3 +181,11 @@ def _report(experiment_dir: Path, figures: tuple[str, ...]) -> None:
         typer.echo(f"(figure {name} not made: {why})")
     write_html(table, report_dir / "report.html")
     typer.echo(f"report: {report_dir}/ (report.html bundles every figure)")
+    summary = mechanism_summary(experiment_dir)
+    if "mechanism" in summary.columns:
+        order = {a: i for i, a in enumerate(ARCH_ORDER)}
+        summary = summary.sort_values(
+            "architecture", key=lambda c: c.map(lambda a: order.get(a, len(order))), kind="stable"
+        )
+        typer.echo("\nMechanisms (likelihood of the answer %, restored at the label site):\n")
+        typer.echo(summary.to_markdown(index=False))

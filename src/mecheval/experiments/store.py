@@ -137,6 +137,34 @@ def load_results(experiment_dir: str | Path) -> pd.DataFrame:
     return pd.concat([run_table(r) for r in runs], ignore_index=True)
 
 
+def mechanism_summary(experiment_dir: str | Path) -> pd.DataFrame:
+    """One row per run: its final dev accuracy and the restore numbers its mechanism label
+    was read from (``mechanism.json``, likelihood in %), with the label."""
+    rows = []
+    for run_dir in run_dirs(Path(experiment_dir)):
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        status = run_status(run_dir)
+        dev = ((status.get("metrics") or {}).get("dev") or {}).get("accuracy")
+        row: dict[str, Any] = {
+            "run": run_dir.name,
+            "architecture": config["model"]["architecture"],
+            "status": status.get("state"),
+            "dev accuracy %": None if dev is None else round(100 * dev, 1),
+        }
+        label_path = run_dir / "mechanism.json"
+        if label_path.exists():
+            label = json.loads(label_path.read_text())
+            row["site"] = label["site"]
+            row["original"] = round(100 * label["original"], 1)
+            row["corrupted"] = round(100 * label["corrupted"], 1)
+            for role in ("key", "value", "query"):
+                value = label["restored"].get(role)
+                row[f"@ {role}"] = None if value is None else round(100 * value, 1)
+            row["mechanism"] = label["label"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def write_results(table: pd.DataFrame, path: str | Path, fmt: str) -> Path:
     """Write the table atomically as csv, parquet (needs the ``parquet`` extra) or markdown."""
     if fmt == "csv":

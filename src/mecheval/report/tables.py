@@ -398,7 +398,9 @@ def measure_values(
                 # The run's last intervention step overall: a measure missing there is
                 # missing, not silently taken from an earlier checkpoint.
                 keep &= mech["step"] == mech_last
-            rows = _pick_split(mech[keep], m.split)
+            # At the end, the full post-training set (interventions.csv, test by default)
+            # rather than the small emergence sample taken at the same step.
+            rows = _pick_split(mech[keep], m.split, prefer="dev" if all_steps else "test")
             if m.condition == "restored":
                 want = rows["run"].map(lambda r, s=m.site: s.format(last=last.get(r, -1)))
                 rows = rows[(rows["site"] == want) & (rows["role"] == m.role)]
@@ -417,11 +419,11 @@ def measure_values(
     return pd.concat(frames, ignore_index=True)[columns]
 
 
-def _pick_split(rows: pd.DataFrame, split: str | None) -> pd.DataFrame:
+def _pick_split(rows: pd.DataFrame, split: str | None, prefer: str = "dev") -> pd.DataFrame:
     if split is not None:
         return rows[rows["split"] == split]
-    if (rows["split"] == "dev").any():
-        return rows[rows["split"] == "dev"]
+    if (rows["split"] == prefer).any():
+        return rows[rows["split"] == prefer]
     return rows
 
 

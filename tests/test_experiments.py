@@ -8,7 +8,7 @@ import pytest
 
 from mecheval.errors import ConfigError
 from mecheval.experiments.grid import SweepSpec, expand, load_sweep
-from mecheval.experiments.runners import plan_runs, run_sweep
+from mecheval.experiments.runners import longest_first, make_jobs, plan_runs, run_sweep
 from mecheval.experiments.store import load_results, site_parts
 
 TINY_BASE = {
@@ -196,3 +196,14 @@ def test_kill_9_mid_sweep_loses_no_finished_run(tmp_path) -> None:
     for o in clean:
         resumed = (tmp_path / "runs" / "killed" / o.name / "metrics.csv").read_text()
         assert resumed == (tmp_path / "clean" / "killed" / o.name / "metrics.csv").read_text()
+
+
+def test_the_pool_starts_the_longest_runs_first(tmp_path) -> None:
+    spec = tiny_spec(**{"model.d_model": [8, 64], "training.steps": [12, 200]})
+    jobs = make_jobs(spec, tmp_path, workers=2, plan=None, retry_failed=False, cache_dir=None)
+    ordered = [job.name for job in longest_first(jobs)]
+    assert ordered[0] == "d64-steps200" and ordered[-1] == "d8-steps12"
+    # A finished run costs nothing, however big.
+    (tmp_path / "tiny" / "d64-steps200").mkdir(parents=True)
+    (tmp_path / "tiny" / "d64-steps200" / "status.json").write_text('{"state": "done"}')
+    assert longest_first(jobs)[-1].name == "d64-steps200"

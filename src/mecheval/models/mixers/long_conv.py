@@ -11,9 +11,17 @@ Two implementations of the same function:
   O(T^2). Its output at ``t`` is computed from inputs ``<= t`` only, so it is *bitwise*
   causal, whereas FFT rounding spreads ~1e-7 of every input over all positions.
 
-:func:`causal_long_conv` is what the mixers call: the direct form on the CPU, where the
-intervention tests demand bitwise causality and the sequences are short, and the FFT on a
-GPU, where speed matters (tests/test_mixers_conv.py checks both compute the same function).
+* :func:`toeplitz_causal_conv` multiplies by the lower-triangular Toeplitz matrix
+  ``M[c, t, s] = k[c, t - s]``; O(T^2) like the direct form and causal in the same bitwise
+  sense for finite inputs (a later input meets an exact zero, and adding ``0 * u = +-0`` to
+  a partial sum leaves it unchanged), but a batched matrix product, whose forward and
+  backward are several times faster on a CPU than the depthwise conv's at T <= ~100.
+
+:func:`causal_long_conv` is what the mixers call: on the CPU, where the intervention tests
+demand bitwise causality and the sequences are short, the Toeplitz product up to
+:data:`TOEPLITZ_MAX_LEN` positions and the direct form beyond (the [C, T, T] matrix grows
+quadratically); the FFT on a GPU, where speed matters (tests/test_mixers_conv.py checks all
+three compute the same function).
 
 The implicit filter follows zoology's ``ImplicitLongConvolution`` / Hyena ``Filter``
 (Poli et al., 2023): complex-exponential positional features ``z(t)`` of size ``emb_dim``
@@ -64,9 +72,30 @@ def direct_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return y.transpose(1, 2)
 
 
+def toeplitz_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Causal depthwise convolution as a product with the ``[C, T, T]`` Toeplitz matrix."""
+    t = u.shape[1]
+    k = _kernel_for_length(k, t).to(u.dtype)
+    # r[c, j] = k[c, t - 1 - j] for j < t, then t - 1 zeros, so window t - 1 - i of r is row i
+    # of the matrix: M[c, i, s] = r[c, t - 1 - i + s] = k[c, i - s], and 0 for s > i.
+    r = F.pad(k.flip(-1), (0, t - 1))
+    toeplitz = r.unfold(-1, t, 1).flip(-2)
+    # y[b, i, c] = sum_s u[b, s, c] M[c, i, s], batched over channels as [C, B, T] @ Mᵀ. The
+    # explicit copy matters: given strided operands, bmm falls back to one small product
+    # (and a clone) per channel.
+    ut = u.permute(2, 0, 1).contiguous()
+    return torch.matmul(ut, toeplitz.transpose(-1, -2)).permute(1, 2, 0)
+
+
+#: Longest sequence for which :func:`causal_long_conv` builds the Toeplitz matrix on a CPU.
+TOEPLITZ_MAX_LEN = 128
+
+
 def causal_long_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     if u.is_cuda:
         return fft_causal_conv(u, k).to(u.dtype)
+    if u.shape[1] <= TOEPLITZ_MAX_LEN:
+        return toeplitz_causal_conv(u, k)
     return direct_causal_conv(u, k)
 
 

@@ -4,6 +4,7 @@ contract and works in every command (check-mixer, train, a two-process sweep, re
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,26 @@ def test_an_architecture_name_cannot_be_taken_twice(plugin, tmp_path) -> None:
         registry.load_plugin(again)
     # The failed plugin left nothing behind: the first registration still builds.
     assert make_model("gla")(random_tokens(1, 4)).shape == (1, 4, 23)
+
+
+def test_an_installed_entry_point_registers_on_first_lookup(tmp_path, monkeypatch) -> None:
+    import importlib.metadata
+
+    package = tmp_path / "site"
+    package.mkdir()
+    (package / "my_gla.py").write_text(doc_example().replace('"gla"', '"gla-installed"'))
+    monkeypatch.syspath_prepend(str(package))
+    entry = importlib.metadata.EntryPoint("gla", "my_gla", registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(
+        importlib.metadata,
+        "entry_points",
+        lambda group: [entry] if group == registry.ENTRY_POINT_GROUP else [],
+    )
+    monkeypatch.setattr(registry, "_discovered", False)
+    monkeypatch.setenv(registry.PLUGIN_ENV, "")
+    try:
+        assert registry.get_architecture("gla-installed").name == "gla-installed"
+        assert "gla-installed" in registry.available_architectures()
+    finally:
+        registry.ARCHITECTURES.pop("gla-installed", None)
+        sys.modules.pop("my_gla", None)

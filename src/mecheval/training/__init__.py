@@ -8,6 +8,7 @@ from mecheval.training.config import (
     resolve,
     total_steps,
 )
+from mecheval.training.group import groupable, train_group
 from mecheval.training.metrics import answer_loss, evaluate
 from mecheval.training.run import load_run, read_status, train
 from mecheval.training.schedule import lr_factor, make_scheduler
@@ -22,6 +23,7 @@ __all__ = [
     "answer_loss",
     "dump_yaml",
     "evaluate",
+    "groupable",
     "load_config",
     "load_run",
     "lr_factor",
@@ -30,4 +32,5 @@ __all__ = [
     "resolve",
     "total_steps",
     "train",
+    "train_group",
 ]

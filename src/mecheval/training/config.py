@@ -7,6 +7,7 @@ AR and 32 for ATR.
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from mecheval.errors import ConfigError, validate
 from mecheval.models import ModelConfig
 from mecheval.tasks import TaskConfig, max_length, vocab_size
+from mecheval.training.precision import Precision
 
 #: Paper epochs per task kind (§4.1: AR 16, §5: ATR 32).
 DEFAULT_EPOCHS: dict[str, int] = {"ar": 16, "atr": 32}
@@ -58,6 +60,34 @@ class TrainConfig(BaseModel):
     eval_batch_size: int | None = Field(None, ge=1, description="unset: batch_size")
     threads: int | None = Field(None, ge=1, description="torch CPU threads; unset: leave as is")
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?|mps)$")
+    precision: Precision = Field(
+        "fp32",
+        description=(
+            "training-step arithmetic: fp32; tf32 (CUDA matmuls and convolutions in TF32, a "
+            "no-op elsewhere); bf16 (forward and loss under bfloat16 autocast, float32 "
+            "weights and optimizer). Evaluation is always float32. Part of the run's identity: "
+            "it changes results"
+        ),
+    )
+    compile: bool = Field(
+        False,
+        description=(
+            "train through torch.compile(model) (single runs only: a train_group stack trains "
+            "uncompiled); evaluation and interventions use the plain module. Changes speed, "
+            "not what is computed (equal to float32 rounding), so a run may be resumed or "
+            "skipped with another value"
+        ),
+    )
+
+    kernels: Literal["reference", "fused"] = Field(
+        "reference",
+        description=(
+            "fused: on CUDA, the training forward uses mamba-ssm's selective scan and "
+            "causal-conv1d's short convolution where installed (pip install "
+            "'mecheval[cuda]'); evaluation and interventions keep the reference code. Changes "
+            "speed, not what is computed (equal to float32 rounding)"
+        ),
+    )
 
     @field_validator("betas")
     @classmethod
@@ -186,6 +216,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``data`` with the ``a.b=value`` overrides applied, as a new mapping: the caller's (a
+    sweep's base, shared by all its runs) must not carry one run's values into the next."""
+    data = copy.deepcopy(data)
     for text in overrides:
         path, value = parse_override(text)
         node = data

@@ -48,8 +48,8 @@ MODEL_FILE = "model.safetensors"
 STATUS_FILE = "status.json"
 
 #: Fields that may differ between the config a run was started with and the one it is resumed
-#: or skipped with: they change how fast, not what, it computes.
-_RUNTIME_FIELDS = ("threads", "device")
+#: or skipped with: they change how fast, not what, it computes (``precision`` is not one).
+_RUNTIME_FIELDS = ("threads", "device", "compile", "kernels")
 
 
 def read_status(run_dir: Path) -> dict[str, Any] | None:
@@ -73,7 +73,18 @@ def _comparable(cfg: RunConfig) -> dict[str, Any]:
     return data
 
 
-def _write_status(run_dir: Path, **fields: Any) -> dict[str, Any]:
+def check_same_config(run_dir: Path, cfg: RunConfig) -> None:
+    """Raise ConfigError if ``run_dir`` already holds a run of another config (runtime fields
+    such as threads and device may differ): resuming it would mix two runs."""
+    config_path = Path(run_dir) / CONFIG_FILE
+    if config_path.is_file() and _comparable(load_config(config_path)) != _comparable(cfg):
+        raise ConfigError(
+            f"{run_dir}: holds a run with a different config; choose another name or "
+            "remove the folder"
+        )
+
+
+def write_status(run_dir: Path, **fields: Any) -> dict[str, Any]:
     status = {
         "state": fields.pop("state"),
         "reason": fields.pop("reason", None),
@@ -104,13 +115,7 @@ def train(
     cfg = resolve(cfg)
     run_dir = Path(run_dir)
     config_path = run_dir / CONFIG_FILE
-    if config_path.is_file():
-        previous = load_config(config_path)
-        if _comparable(previous) != _comparable(cfg):
-            raise ConfigError(
-                f"{run_dir}: holds a run with a different config; choose another name or "
-                "remove the folder"
-            )
+    check_same_config(run_dir, cfg)
     status = read_status(run_dir)
     if is_finished(status):
         assert status is not None
@@ -132,10 +137,10 @@ def train(
         if reporter is None:
             reporter = NullReporter() if quiet else RichReporter(cfg.name or run_dir.name)
         trainer = Trainer(cfg, datasets, run_dir, callbacks, reporter)
-        _write_status(run_dir, state="running", step=0, total_steps=total)
+        write_status(run_dir, state="running", step=0, total_steps=total)
         results = trainer.run()
         atomic_save_safetensors(run_dir / MODEL_FILE, trainer.model.state_dict())
-        status = _write_status(
+        status = write_status(
             run_dir,
             state="done",
             step=trainer.step,
@@ -148,7 +153,7 @@ def train(
         return status
     except Diverged as err:
         assert trainer is not None
-        return _write_status(
+        return write_status(
             run_dir,
             state="failed",
             reason=err.reason,
@@ -162,7 +167,7 @@ def train(
         reason = (
             "interrupted" if isinstance(err, KeyboardInterrupt) else f"{type(err).__name__}: {err}"
         )
-        _write_status(
+        write_status(
             run_dir,
             state="failed",
             reason=f"crashed: {reason}",

@@ -21,10 +21,12 @@ import torch
 from torch import nn
 
 from mecheval.models import LanguageModel, build_model
+from mecheval.models.kernels import fused_kernels, require_fused
 from mecheval.tasks import Batch
 from mecheval.training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from mecheval.training.config import RunConfig, total_steps, warmup_steps
 from mecheval.training.metrics import MetricsLog, answer_loss, evaluate, multi_answer_loss
+from mecheval.training.precision import autocast, tf32
 from mecheval.training.schedule import make_scheduler
 
 #: ``(step, model, run_dir) -> None``, called after each evaluation (step 0 and the end
@@ -149,6 +151,8 @@ class Trainer:
         self.callbacks = tuple(callbacks)
         self.reporter = reporter or NullReporter()
         self.device = torch.device(self.t.device)
+        if self.t.kernels == "fused":
+            require_fused(self.device)
         self.total = total_steps(cfg)
         if len(self.train_set) < self.t.batch_size:
             raise ValueError(
@@ -158,6 +162,11 @@ class Trainer:
         # Partial batches are dropped so that every step sees batch_size documents.
         self.per_epoch = len(self.train_set) // self.t.batch_size
         self.model = init_model(cfg).to(self.device)
+        # The training forward may go through a compiled wrapper; it shares the model's
+        # parameters, and everything else (evaluation, callbacks, checkpoints, the saved
+        # state dict) uses the plain module, whose keys and eager semantics never change.
+        # torch.compile is lazy: nothing is compiled until the first training step.
+        self.train_model: nn.Module = torch.compile(self.model) if self.t.compile else self.model
         self.optimizer = make_optimizer(self.model, cfg)
         self.scheduler = make_scheduler(self.optimizer, self.total, warmup_steps(cfg))
         self.metrics = MetricsLog(run_dir / METRICS_FILE)
@@ -214,24 +223,39 @@ class Trainer:
         return True
 
     # ------------------------------------------------------------------ loop
-    def loss(self, batch: Batch) -> torch.Tensor:
-        if self.t.train_queries == 1:
-            return answer_loss(self.model, batch)
-        # Drawn from (seed, step) alone, so a resumed run extends its batches identically.
-        generator = _generator(self.t.seed, self.step, _QUERY_STREAM)
-        tokens, positions, answers = extend_queries(batch, self.t.train_queries, generator)
-        return multi_answer_loss(self.model, tokens, positions, answers)
+    def query_generator(self, step: int) -> torch.Generator:
+        """Draws step ``step``'s extra training queries: from (seed, step) alone, so a resumed
+        run, or the same run trained in a group, extends its batches identically."""
+        return _generator(self.t.seed, step, _QUERY_STREAM)
+
+    def loss(self, batch: Batch, model: nn.Module | None = None) -> torch.Tensor:
+        """The training loss on ``batch`` (forward under ``training.precision``'s autocast;
+        float32 either way, as the loss functions cast the logits), through ``model``
+        (default: :attr:`train_model`, compiled if ``training.compile``)."""
+        model = self.train_model if model is None else model
+        with (
+            autocast(self.t.precision, self.device),
+            fused_kernels(self.t.kernels == "fused"),
+        ):
+            if self.t.train_queries == 1:
+                return answer_loss(model, batch)
+            generator = self.query_generator(self.step)
+            tokens, positions, answers = extend_queries(batch, self.t.train_queries, generator)
+            return multi_answer_loss(model, tokens, positions, answers)
 
     def train_step(self, batch: Batch) -> float:
         self.model.train()
-        loss = self.loss(batch)
-        value = loss.item()
-        if not math.isfinite(value):
-            raise Diverged(
-                self.step + 1, f"diverged: training loss is {value} at step {self.step + 1}"
-            )
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        # TF32 covers the forward and the backward (whose products it speeds up as much);
+        # the optimizer step does no matmuls, and evaluation runs outside, in float32.
+        with tf32(self.t.precision, self.device):
+            loss = self.loss(batch)
+            value = loss.item()
+            if not math.isfinite(value):
+                raise Diverged(
+                    self.step + 1, f"diverged: training loss is {value} at step {self.step + 1}"
+                )
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
         if self.t.grad_clip is not None:
             nn.utils.clip_grad_norm_(self.model.parameters(), self.t.grad_clip)
         self.optimizer.step()

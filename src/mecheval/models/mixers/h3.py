@@ -151,6 +151,14 @@ class DiagSSMKernel(nn.Module):
         return (1.0 + dta / 2) / (1.0 - dta / 2), b * dt / (1.0 - dta / 2), c
 
     def forward(self, length: int) -> torch.Tensor:
+        # The kernel is a function of the parameters alone (no activations): always computed in
+        # float32, as mixed-precision SSMs do. Under a bf16 autocast its matmul would otherwise
+        # run in bf16, and _Vandermonde's backward (run outside autocast) would then meet a bf16
+        # gradient and float32 powers.
+        with torch.autocast(self.log_dt.device.type, enabled=False):
+            return self._kernel(length)
+
+    def _kernel(self, length: int) -> torch.Tensor:
         da, db, c = self.discretize()
         cb = c * db
         # log dA = log|dA| + i arg(dA), [H, N/2], from real functions: the complex log (and its

@@ -1,0 +1,732 @@
+"""Train a group of same-shaped runs in one process, with one set of kernels for all of them.
+
+Why: a sweep trains many runs that differ only in their recipe's numbers (the paper tunes 5
+learning rates per architecture and width, then repeats seeds). At the paper's sizes one model
+leaves most of a CPU (or a GPU) idle and the per-op overhead dominates, so K models whose
+parameters are stacked along a leading dimension can train faster together than one after
+another: every kernel does K models' work for one launch (how much faster depends on the
+device; see the end of this docstring).
+
+How: each member is an ordinary :class:`~mecheval.training.trainer.Trainer` (init from its
+seed, its own data order, metrics log, evaluation, callbacks, checkpoints); only the training
+step is replaced. Parameters are stacked with ``torch.func.stack_module_state``; one
+``vmap(grad_and_value(functional_call(...)))`` computes every member's loss and gradient on its
+own batch (members with different seeds see different documents); gradients are clipped per
+member (each model's own norm) and :class:`StackedAdamW` applies AdamW with each member's own
+learning rate (read from its own LambdaLR, so the schedule is the single-run code) and weight
+decay. At each evaluation a member's slice is copied back into its Trainer's model and the
+Trainer's own ``evaluate_now`` runs, so metrics, ``metrics.csv`` and callbacks are computed by
+exactly the single-run code. A member's run folder ends up as :func:`~mecheval.training.run.train`
+would leave it (config.yaml, status.json with the same fields, metrics.csv, model.safetensors,
+checkpoint/ in the same format), equal to a one-by-one run up to float rounding: batched kernels
+sum in another order (tests/test_training_group.py holds it to float32 tolerance). A member's
+``wall_time`` is the group's wall time up to its end, the honest cost of getting that run.
+
+Which runs group (:func:`groupable`): identical resolved configs except :data:`PER_RUN_FIELDS`
+(``training.lr``, ``seed``, ``weight_decay``, ``grad_clip``, ``keep_checkpoint``) and the name.
+
+Divergence is per member: a member whose training loss is non-finite (or whose weights are
+non-finite at an evaluation) is marked failed in its own status.json with the Trainer's reason text
+("diverged: training loss is nan at step N") and dropped from the stack; the others go on.
+
+Resume is kept simple: the group writes each member's checkpoint in the single-run format, and
+a member that has a checkpoint (an interrupted group or run) is resumed alone by ``train()``.
+Finished members are skipped.
+
+Architectures that cannot be vmapped (a mixer writing in place into a freshly allocated
+buffer, Python control flow on tensor values, an autograd.Function without a vmap rule) are
+detected by a probe before training -- one vmapped forward and backward on two documents,
+compared with plain autograd per model -- and their group is trained one run at a time with
+``train()`` instead, with a warning naming the error (:data:`NO_VMAP` skips the probe).
+With torch 2.13 all seven built-in architectures pass (attention, baseconv, based, deltanet,
+h3, hyena, mamba), with three caveats that cost speed, not correctness:
+
+* CPU ``scaled_dot_product_attention`` (forward and backward; attention) and
+  ``unfold_backward`` (the CPU Toeplitz long convolution) have no batching rule: vmap runs
+  them slice by slice.
+* Mamba's scan (a Python loop over time in an autograd.Function with a generated vmap rule)
+  works on [K, ...] intermediates K times larger (likely falling out of the CPU cache; its
+  broadcast multiplies dominate the profile): on one CPU thread a group of 5 trains Mamba
+  ~0.6x as fast as one model at a time.
+* ``functional_call`` mis-restores a submodule reachable under two names (the implicit
+  filter's shared ``Sin``), leaving a vmapped tensor in it; the group therefore calls a
+  private copy of a member's model, never the member's own.
+
+On a CPU the gain is small (one thread: 0.6-1.2x; two threads: 1.1-1.3x, see
+benchmarks/bench_training.py): batching a compute-bound step adds no parallelism there. The
+win is where small models leave a device idle (a GPU, many cores).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad_and_value, stack_module_state, vmap
+
+from mecheval.io import atomic_save_safetensors, atomic_write_text
+from mecheval.tasks import Batch
+from mecheval.training.checkpoint import has_checkpoint, remove_checkpoint, save_checkpoint
+from mecheval.training.config import (
+    RunConfig,
+    config_to_data,
+    dump_yaml,
+    resolve,
+    total_steps,
+)
+from mecheval.training.metrics import answer_loss, multi_answer_loss
+from mecheval.training.precision import autocast, rounding_eps, tf32
+from mecheval.training.run import (
+    CONFIG_FILE,
+    MODEL_FILE,
+    RichReporter,
+    check_same_config,
+    is_finished,
+    read_status,
+    train,
+    write_status,
+)
+from mecheval.training.trainer import (
+    CHECKPOINT_DIR,
+    Callback,
+    Diverged,
+    NullReporter,
+    Reporter,
+    Trainer,
+    extend_queries,
+)
+
+#: Training fields that may differ within a group: each member gets its own value.
+PER_RUN_FIELDS = ("lr", "seed", "weight_decay", "grad_clip", "keep_checkpoint")
+
+#: Architectures known not to vmap; their groups train one run at a time without a probe.
+#: Empty: every built-in architecture passes the probe (see the module docstring).
+NO_VMAP: frozenset[str] = frozenset()
+
+# Probe outcomes per group key (None: vmaps), so a sweep probes each shape once per process.
+_PROBED: dict[str, str | None] = {}
+
+Tensors = dict[str, torch.Tensor]
+
+
+# ----------------------------------------------------------------------------- grouping
+
+
+def group_key(cfg: RunConfig) -> str:
+    """What members of a group share: the resolved config without name and per-run fields."""
+    data = config_to_data(resolve(cfg))
+    data.pop("name", None)
+    for key in PER_RUN_FIELDS:
+        data["training"].pop(key, None)
+    return json.dumps(data, sort_keys=True)
+
+
+def groupable(cfgs: Sequence[RunConfig], max_size: int | None = None) -> list[list[int]]:
+    """Partition ``cfgs`` (by index, in order of first appearance) into groups that can train
+    together: same task, model, batch size, steps, schedule shape, evaluation and
+    ``train_queries``; lr, seed, weight decay and clipping may differ. ``max_size`` splits
+    larger groups into chunks (memory grows with the group)."""
+    if max_size is not None and max_size < 1:
+        raise ValueError(f"max_size: expected >= 1, got {max_size}")
+    groups: dict[str, list[int]] = {}
+    for index, cfg in enumerate(cfgs):
+        groups.setdefault(group_key(cfg), []).append(index)
+    out: list[list[int]] = []
+    for members in groups.values():
+        size = max_size or len(members)
+        out.extend(members[i : i + size] for i in range(0, len(members), size))
+    return out
+
+
+# ----------------------------------------------------------------------------- optimizer
+
+
+class StackedAdamW:
+    """``torch.optim.AdamW`` for K models whose parameters are stacked along dim 0.
+
+    The arithmetic is torch's non-capturable single-tensor AdamW (decoupled decay
+    ``p *= 1 - lr * wd``, ``lerp`` first moment, bias corrections from the step count), with
+    the learning rate and weight decay given per (param group, model), so one set of kernels
+    updates every model with its own hyper-parameters. All models step together, so one step
+    count serves all of them.
+
+    ``groups``: the parameter names of each param group (as ``make_optimizer`` splits them);
+    ``weight_decay[g][k]``: group g's decay for model k.
+    """
+
+    def __init__(
+        self,
+        params: Mapping[str, torch.Tensor],
+        groups: Sequence[Sequence[str]],
+        weight_decay: Sequence[Sequence[float]],
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ) -> None:
+        self.group_of = {name: g for g, names in enumerate(groups) for name in names}
+        if set(self.group_of) != set(params):
+            raise ValueError("StackedAdamW: groups must name every parameter exactly once")
+        self.weight_decay = torch.tensor(weight_decay, dtype=torch.float64)  # [G, K]
+        self.betas = betas
+        self.eps = eps
+        self.steps = 0
+        self.exp_avg = {n: torch.zeros_like(p) for n, p in params.items()}
+        self.exp_avg_sq = {n: torch.zeros_like(p) for n, p in params.items()}
+
+    @property
+    def size(self) -> int:
+        return self.weight_decay.shape[1]
+
+    @torch.no_grad()
+    def step(self, params: Tensors, grads: Tensors, lr: Sequence[Sequence[float]]) -> None:
+        """Update ``params`` in place; ``lr[g][k]``: group g's current LR for model k."""
+        self.steps += 1
+        beta1, beta2 = self.betas
+        bias_correction1 = 1 - beta1**self.steps
+        bias_correction2_sqrt = (1 - beta2**self.steps) ** 0.5
+        # Per-model factors in float64, as torch computes its Python-float scalars, then
+        # rounded once to the parameters' dtype.
+        lrs = torch.tensor(lr, dtype=torch.float64)
+        decays = 1 - lrs * self.weight_decay
+        step_sizes = lrs / bias_correction1
+        any_decay = (self.weight_decay != 0).any(dim=1).tolist()
+        for name, p in params.items():
+            g = self.group_of[name]
+            shape = (p.shape[0],) + (1,) * (p.dim() - 1)
+            grad, exp_avg, exp_avg_sq = grads[name], self.exp_avg[name], self.exp_avg_sq[name]
+            if any_decay[g]:
+                p.mul_(decays[g].to(p).view(shape))
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
+            p.sub_(exp_avg / denom * step_sizes[g].to(p).view(shape))
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep only the models at ``index`` (dropping diverged ones), in that order."""
+        self.weight_decay = self.weight_decay[:, index.cpu()]
+        for state in (self.exp_avg, self.exp_avg_sq):
+            for name in state:
+                state[name] = state[name][index]
+
+
+def clip_grad_norms_(grads: Tensors, max_norms: Sequence[float | None]) -> torch.Tensor:
+    """Per-model ``nn.utils.clip_grad_norm_``: model k's gradients (slice k of every tensor)
+    are scaled by ``min(1, max_norms[k] / (norm_k + 1e-6))``, norm_k over its own parameters
+    only; ``None`` leaves a model unclipped. Returns the per-model norms before clipping."""
+    norms = torch.stack(
+        [torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads.values()], dim=1
+    )
+    total = torch.linalg.vector_norm(norms, dim=1)  # [K]
+    if all(m is None for m in max_norms):
+        return total
+    limit = torch.tensor([math.inf if m is None else m for m in max_norms]).to(total)
+    clipped = torch.tensor([m is not None for m in max_norms], device=total.device)
+    coef = torch.where(clipped, (limit / (total + 1e-6)).clamp(max=1.0), 1.0)
+    for g in grads.values():
+        g.mul_(coef.view((g.shape[0],) + (1,) * (g.dim() - 1)))
+    return total
+
+
+# ----------------------------------------------------------------------------- the group
+
+
+class _Functional:
+    """A module called with parameters and buffers given per call, so that the single-run loss
+    functions (``answer_loss``, ``multi_answer_loss``) run unchanged under vmap."""
+
+    def __init__(self, module: nn.Module, params: Tensors, buffers: Tensors) -> None:
+        self.module, self.params, self.buffers = module, params, buffers
+
+    def __call__(self, tokens: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
+        kwargs = {} if at is None else {"at": at}
+        return functional_call(self.module, (self.params, self.buffers), (tokens,), kwargs)
+
+
+def _pad_stack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Stack [B, T_k] token batches, right-padding with the pad id 0 to the longest: the loss
+    is read at each document's query, which (causal models) never sees the padding."""
+    width = max(t.shape[1] for t in tensors)
+    return torch.stack([nn.functional.pad(t, (0, width - t.shape[1])) for t in tensors])
+
+
+class GroupTrainer:
+    """K same-shaped runs trained in lockstep; see the module docstring.
+
+    ``cfgs`` must be resolved and pairwise :func:`groupable`; ``run_dirs`` one per config.
+    """
+
+    def __init__(
+        self,
+        cfgs: Sequence[RunConfig],
+        datasets: Mapping[str, Any],
+        run_dirs: Sequence[Path],
+        callbacks: Sequence[Callback] = (),
+        reporter: Reporter | None = None,
+    ) -> None:
+        if len({group_key(cfg) for cfg in cfgs}) != 1:
+            raise ValueError("GroupTrainer: the configs do not form one group (see groupable)")
+        self.cfgs = list(cfgs)
+        self.members = [
+            Trainer(cfg, datasets, Path(run_dir), callbacks, NullReporter())
+            for cfg, run_dir in zip(cfgs, run_dirs, strict=True)
+        ]
+        self.reporter = reporter or NullReporter()
+        first = self.members[0]
+        self.t = first.t
+        self.total = first.total
+        self.step = 0
+        self.live = list(range(len(self.members)))  # members still training, in stack order
+        self.failed: dict[int, Diverged] = {}
+        # A private copy is the shell every functional call runs through: functional_call
+        # restores a module reachable under two names (the implicit filter's shared Sin) in
+        # the wrong order and leaves a vmapped tensor in it, so it must not be a member's model.
+        self.shell = copy.deepcopy(first.model)
+        params, buffers = stack_module_state([m.model for m in self.members])
+        self.params: Tensors = {n: p.detach() for n, p in params.items()}
+        self.buffers: Tensors = buffers
+        self.device = first.device
+        self._index = torch.arange(len(self.members), device=self.device)
+        # The param groups (names, decay) exactly as make_optimizer built each member's.
+        names = {id(p): n for n, p in first.model.named_parameters()}
+        groups = [[names[id(p)] for p in g["params"]] for g in first.optimizer.param_groups]
+        decay = [
+            [m.optimizer.param_groups[g]["weight_decay"] for m in self.members]
+            for g in range(len(groups))
+        ]
+        self.optimizer = StackedAdamW(self.params, groups, decay, self.t.betas, self.t.eps)
+        self._grad_fn = vmap(grad_and_value(self._loss))
+        self._grad_fn_multi = vmap(grad_and_value(self._multi_loss), in_dims=(0, 0, 0, None, 0))
+
+    # ------------------------------------------------------------------ the vmapped step
+    def _loss(
+        self,
+        params: Tensors,
+        buffers: Tensors,
+        tokens: torch.Tensor,
+        query: torch.Tensor,
+        answer: torch.Tensor,
+    ) -> torch.Tensor:
+        model = _Functional(self.shell, params, buffers)
+        # Autocast inside the differentiated function covers the forward only, as in
+        # Trainer.loss: grad_and_value runs the backward after this returns.
+        with autocast(self.t.precision, self.device):
+            return answer_loss(model, Batch(tokens, answer, {"query": query}))  # type: ignore[arg-type]
+
+    def _multi_loss(
+        self,
+        params: Tensors,
+        buffers: Tensors,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        answers: torch.Tensor,
+    ) -> torch.Tensor:
+        model = _Functional(self.shell, params, buffers)
+        with autocast(self.t.precision, self.device):
+            return multi_answer_loss(model, tokens, positions, answers)  # type: ignore[arg-type]
+
+    def grads_and_losses(
+        self, params: Tensors, buffers: Tensors, batches: Sequence[Batch], step: int
+    ) -> tuple[Tensors, torch.Tensor]:
+        """Every stacked model's gradient and loss on its own batch (``batches[k]``), in
+        ``training.precision`` as Trainer.train_step (TF32 over forward and backward, bf16
+        autocast over the forward). ``training.compile`` is not applied: the stack trains
+        eagerly (its results are the same; only single runs are compiled)."""
+        with warnings.catch_warnings(), tf32(self.t.precision, self.device):
+            # vmap's per-slice fallback for ops without a batching rule: slower, still right.
+            warnings.filterwarnings("ignore", message="There is a performance drop")
+            if self.t.train_queries == 1:
+                return self._grad_fn(
+                    params,
+                    buffers,
+                    _pad_stack([b.tokens for b in batches]),
+                    torch.stack([b.query for b in batches]),
+                    torch.stack([b.answer for b in batches]),
+                )
+            # The same extra queries as Trainer.loss: drawn from (member seed, step).
+            extended = [
+                extend_queries(
+                    b,
+                    self.t.train_queries,
+                    self.members[k].query_generator(step),
+                )
+                for k, b in zip(self.live, batches, strict=True)
+            ]
+            positions = extended[0][1]
+            if any(not torch.equal(e[1], positions) for e in extended):
+                raise ValueError("train_queries: members' query positions differ")
+            return self._grad_fn_multi(
+                params,
+                buffers,
+                torch.stack([e[0] for e in extended]),
+                positions,
+                torch.stack([e[2] for e in extended]),
+            )
+
+    def probe(self) -> str | None:
+        """None if the vmapped step matches plain autograd per model on two documents of two
+        members, else why not (the error, or the largest mismatch)."""
+        live = self.live[:2]
+        index = torch.tensor(live, device=self.device)
+        params = {n: p[index] for n, p in self.params.items()}
+        buffers = {n: b[index] for n, b in self.buffers.items()}
+        batches = [self.members[k].batch_at(0).select(slice(0, 2)) for k in live]
+        saved_live = self.live
+        self.live = live
+        try:
+            grads, losses = self.grads_and_losses(params, buffers, batches, 0)
+        except Exception as err:  # noqa: BLE001 - any failure means "cannot vmap"
+            return f"{type(err).__name__}: {err}"
+        finally:
+            self.live = saved_live
+        for j, k in enumerate(live):
+            member = self.members[k]
+            model = member.model
+            model.zero_grad(set_to_none=True)
+            # At member.step == 0, as the vmapped call, in the same precision; through the
+            # plain module, so that a compile=True group compiles nothing just to probe.
+            with tf32(member.t.precision, member.device):
+                loss = member.loss(batches[j], model)
+                loss.backward()
+            eps = rounding_eps(member.t.precision, member.device)
+            try:
+                loss_rtol = 1e-4 if eps is None else 4 * eps
+                torch.testing.assert_close(losses[j], loss.detach(), rtol=loss_rtol, atol=1e-5)
+                for name, p in model.named_parameters():
+                    rtol, atol = 1e-3, 1e-5
+                    if eps is not None:
+                        # In bf16 (or TF32) batched and single kernels round differently
+                        # summed activations, so they agree to a few ulps of each gradient's
+                        # scale, not to float32 tolerance; a mis-vmapped op is off by the
+                        # gradient's own size.
+                        rtol, atol = 4 * eps, 1e-5 + 4 * eps * float(p.grad.abs().max())
+                    torch.testing.assert_close(grads[name][j], p.grad, rtol=rtol, atol=atol)
+            except AssertionError as err:
+                return f"vmapped gradients differ from autograd: {str(err).splitlines()[0]}"
+            finally:
+                model.zero_grad(set_to_none=True)
+        return None
+
+    @torch.no_grad()
+    def sync(self, j: int) -> Trainer:
+        """Copy stack slot ``j`` into its member's model (for evaluation and saving)."""
+        member = self.members[self.live[j]]
+        for name, p in member.model.named_parameters():
+            p.copy_(self.params[name][j])
+        member.step = self.step
+        return member
+
+    def fail(self, slots: Sequence[int], errors: Sequence[Diverged]) -> None:
+        """Record the members in stack ``slots`` as diverged and take them off the stack."""
+        for j, err in zip(slots, errors, strict=True):
+            self.failed[self.live[j]] = err
+            self.members[self.live[j]].metrics.flush()
+        keep = [j for j in range(len(self.live)) if j not in set(slots)]
+        self._index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        self.params = {n: p[self._index] for n, p in self.params.items()}
+        self.buffers = {n: b[self._index] for n, b in self.buffers.items()}
+        self.optimizer.keep(self._index)
+        self.live = [self.live[j] for j in keep]
+
+    def train_step(self) -> list[float]:
+        """One optimizer step of every live member; returns their (pre-step) losses."""
+        step = self.step
+        batches = [self.members[k].batch_at(step) for k in self.live]
+        grads, losses = self.grads_and_losses(self.params, self.buffers, batches, step)
+        values = losses.tolist()
+        bad = [j for j, v in enumerate(values) if not math.isfinite(v)]
+        if bad:
+            self.fail(
+                bad,
+                [
+                    Diverged(step + 1, f"diverged: training loss is {values[j]} at step {step + 1}")
+                    for j in bad
+                ],
+            )
+            if not self.live:
+                return []
+            grads = {n: g[self._index] for n, g in grads.items()}
+            values = [v for j, v in enumerate(values) if j not in set(bad)]
+        members = [self.members[k] for k in self.live]
+        clip_grad_norms_(grads, [m.t.grad_clip for m in members])
+        lrs = [
+            [m.optimizer.param_groups[g]["lr"] for m in members]
+            for g in range(len(members[0].optimizer.param_groups))
+        ]
+        self.optimizer.step(self.params, grads, lrs)
+        with warnings.catch_warnings():
+            # Each member's LambdaLR is stepped without its (unused) torch optimizer stepping.
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            for m in members:
+                m.scheduler.step()
+        return values
+
+    # ------------------------------------------------------------------ evaluation, state
+    def evaluate_now(self) -> None:
+        """Each live member's Trainer.evaluate_now on its own weights; drop the diverged."""
+        diverged: list[tuple[int, Diverged]] = []
+        for j in range(len(self.live)):
+            member = self.sync(j)
+            try:
+                member.evaluate_now()
+            except Diverged as err:
+                diverged.append((j, err))
+        if diverged:
+            self.fail([j for j, _ in diverged], [err for _, err in diverged])
+
+    def save_checkpoints(self, start: float) -> None:
+        """Each live member's checkpoint in the single-run format, so ``train()`` resumes it."""
+        for j in range(len(self.live)):
+            member = self.sync(j)
+            opt = member.optimizer
+            for name, p in member.model.named_parameters():
+                opt.state[p] = {
+                    "step": torch.tensor(float(self.optimizer.steps)),
+                    "exp_avg": self.optimizer.exp_avg[name][j].clone(),
+                    "exp_avg_sq": self.optimizer.exp_avg_sq[name][j].clone(),
+                }
+            save_checkpoint(
+                member.checkpoint_dir,
+                self.step,
+                member.model,
+                opt,
+                member.scheduler,
+                member.scalars(member.wall_time(start)),
+            )
+            opt.state.clear()
+
+    def run(self, start: float | None = None) -> None:
+        """Train every member to the end or to its divergence (see :attr:`failed`)."""
+        start = time.perf_counter() if start is None else start
+        self.reporter.start(self.total, self.step)
+        try:
+            self.evaluate_now()
+            while self.step < self.total and self.live:
+                values = self.train_step()
+                self.step += 1
+                for k, value in zip(self.live, values, strict=True):
+                    self.members[k].loss_sum += value
+                    self.members[k].loss_count += 1
+                if values:
+                    self.reporter.step(self.step, sum(values) / len(values))
+                if self.step % self.t.eval_every == 0 or self.step == self.total:
+                    self.evaluate_now()
+                    if self.live:
+                        self.reporter.evaluated(self.step, self.members[self.live[0]].last_results)
+                if self.step % self.t.checkpoint_every == 0 and self.step < self.total:
+                    self.save_checkpoints(start)
+            for j in range(len(self.live)):
+                self.sync(j)
+        finally:
+            self.reporter.stop()
+
+
+# ----------------------------------------------------------------------------- run folders
+
+
+def _vmap_error(group: GroupTrainer) -> str | None:
+    cfg = group.cfgs[0]
+    if cfg.model.architecture in NO_VMAP:
+        return f"{cfg.model.architecture} is in NO_VMAP"
+    key = group_key(cfg)
+    if key not in _PROBED:
+        _PROBED[key] = group.probe()
+    return _PROBED[key]
+
+
+#: Makes the progress reporter of one stack (or one run, a list of one config).
+ReporterFactory = Callable[[Sequence[RunConfig]], Reporter]
+
+
+def _null_reporter(cfgs: Sequence[RunConfig]) -> Reporter:
+    return NullReporter()
+
+
+def _bar_reporter(cfgs: Sequence[RunConfig]) -> Reporter:
+    first = cfgs[0].name or cfgs[0].model.architecture
+    return RichReporter(first if len(cfgs) == 1 else f"{len(cfgs)} x {first}")
+
+
+def _train_members(
+    cfgs: Sequence[RunConfig],
+    run_dirs: Sequence[Path],
+    datasets: Mapping[str, Any],
+    callbacks: Sequence[Callback],
+    reporter_for: ReporterFactory,
+    use_vmap: bool,
+) -> list[dict[str, Any]]:
+    """Train one group (no member finished, none with a checkpoint) into its run folders."""
+
+    def one_by_one() -> list[dict[str, Any]]:
+        return [
+            train(cfg, d, callbacks=callbacks, datasets=datasets, reporter=reporter_for([cfg]))
+            for cfg, d in zip(cfgs, run_dirs, strict=True)
+        ]
+
+    if len(cfgs) == 1 or not use_vmap:
+        return one_by_one()
+    cfg0 = cfgs[0]
+    group = GroupTrainer(cfgs, datasets, run_dirs, callbacks, reporter_for(cfgs))
+    error = _vmap_error(group)
+    if error is not None:
+        warnings.warn(
+            f"train_group: {cfg0.model.architecture} cannot be vmapped ({error}); "
+            f"training its {len(cfgs)} runs one at a time",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        del group
+        return one_by_one()
+
+    total = total_steps(cfg0)
+    start = time.perf_counter()
+    for run_dir, cfg in zip(run_dirs, cfgs, strict=True):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(run_dir / CONFIG_FILE, dump_yaml(cfg))
+        write_status(run_dir, state="running", step=0, total_steps=total)
+    try:
+        group.run(start)
+    except BaseException as err:
+        # As train(): not a property of the configs; a later call resumes from checkpoints.
+        reason = (
+            "interrupted" if isinstance(err, KeyboardInterrupt) else f"{type(err).__name__}: {err}"
+        )
+        for k in group.live:
+            member = group.members[k]
+            write_status(
+                member.run_dir,
+                state="failed",
+                reason=f"crashed: {reason}",
+                step=member.step,
+                total_steps=total,
+                wall_time=member.wall_time(start),
+            )
+        for k in group.failed:
+            _write_failed(group, k, total, start)
+        raise
+    statuses: list[dict[str, Any]] = []
+    for k, member in enumerate(group.members):
+        if k in group.failed:
+            statuses.append(_write_failed(group, k, total, start))
+            continue
+        atomic_save_safetensors(member.run_dir / MODEL_FILE, member.model.state_dict())
+        statuses.append(
+            write_status(
+                member.run_dir,
+                state="done",
+                step=member.step,
+                total_steps=total,
+                wall_time=member.wall_time(start),
+                metrics=member.last_results,
+            )
+        )
+        if not member.t.keep_checkpoint:
+            remove_checkpoint(member.run_dir / CHECKPOINT_DIR)
+    return statuses
+
+
+def _write_failed(group: GroupTrainer, k: int, total: int, start: float) -> dict[str, Any]:
+    member, err = group.members[k], group.failed[k]
+    return write_status(
+        member.run_dir,
+        state="failed",
+        reason=err.reason,
+        step=err.step,
+        total_steps=total,
+        wall_time=member.wall_time(start),
+        metrics=member.last_results,
+    )
+
+
+def train_group(
+    cfgs: Sequence[RunConfig],
+    run_dirs: Sequence[str | Path],
+    *,
+    quiet: bool = True,
+    callbacks: Sequence[Callback] = (),
+    datasets: Mapping[str, Any] | None = None,
+    cache_dir: Path | None = None,
+    max_group: int | None = None,
+    use_vmap: bool = True,
+    reporter_for: ReporterFactory | None = None,
+) -> list[dict[str, Any]]:
+    """Train every ``cfgs[i]`` into ``run_dirs[i]`` as :func:`~mecheval.training.run.train`
+    would, grouping compatible runs (:func:`groupable`) into one stacked model each; return
+    the statuses in input order.
+
+    Finished runs are skipped; a run with a checkpoint is resumed alone by ``train()``; a
+    group whose architecture does not vmap (or ``use_vmap=False``) trains one run at a time.
+    ``datasets`` (shared by all runs, which must then have one task) saves rebuilding them;
+    ``max_group`` caps the stack size. ``reporter_for(cfgs)`` gives the progress reporter of
+    each stack or single run (default: a progress bar unless ``quiet``). A crash (or a
+    callback raising) marks the unfinished members of the group ``crashed`` and propagates,
+    as ``train()`` does.
+    """
+    if len(cfgs) != len(run_dirs):
+        raise ValueError(f"train_group: {len(cfgs)} configs but {len(run_dirs)} run folders")
+    dirs = [Path(d) for d in run_dirs]
+    if len({d.resolve() for d in dirs}) != len(dirs):
+        raise ValueError("train_group: two runs share a run folder")
+    resolved = [resolve(cfg) for cfg in cfgs]
+    if reporter_for is None:
+        reporter_for = _null_reporter if quiet else _bar_reporter
+    statuses: list[dict[str, Any] | None] = [None] * len(resolved)
+    pending: list[int] = []
+    for i, (cfg, run_dir) in enumerate(zip(resolved, dirs, strict=True)):
+        check_same_config(run_dir, cfg)
+        status = read_status(run_dir)
+        if is_finished(status):
+            statuses[i] = status
+        else:
+            pending.append(i)
+    built: dict[str, Mapping[str, Any]] = {}
+
+    def data_for(cfg: RunConfig) -> Mapping[str, Any]:
+        if datasets is not None:
+            return datasets
+        key = json.dumps(cfg.task.model_dump(mode="json"), sort_keys=True)
+        if key not in built:
+            from mecheval.tasks import build_datasets
+
+            built[key] = build_datasets(cfg.task, cache_dir=cache_dir)
+        return built[key]
+
+    fresh: list[int] = []
+    for i in pending:
+        if has_checkpoint(dirs[i] / CHECKPOINT_DIR):
+            statuses[i] = train(
+                resolved[i],
+                dirs[i],
+                callbacks=callbacks,
+                datasets=data_for(resolved[i]),
+                reporter=reporter_for([resolved[i]]),
+            )
+        else:
+            fresh.append(i)
+    for group in groupable([resolved[i] for i in fresh], max_size=max_group):
+        indices = [fresh[j] for j in group]
+        cfgs_g = [resolved[i] for i in indices]
+        previous_threads = torch.get_num_threads()
+        if cfgs_g[0].training.threads is not None:
+            torch.set_num_threads(cfgs_g[0].training.threads)
+        try:
+            results = _train_members(
+                cfgs_g,
+                [dirs[i] for i in indices],
+                data_for(cfgs_g[0]),
+                callbacks,
+                reporter_for,
+                use_vmap,
+            )
+        finally:
+            torch.set_num_threads(previous_threads)
+        for i, status in zip(indices, results, strict=True):
+            statuses[i] = status
+    assert all(s is not None for s in statuses)
+    return statuses  # type: ignore[return-value]

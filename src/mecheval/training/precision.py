@@ -1,0 +1,64 @@
+"""Reduced-precision training arithmetic (``training.precision``), scoped to the training step.
+
+* ``fp32``: plain float32 everywhere (the reference; what every earlier result used).
+* ``tf32``: float32 tensors, but CUDA matrix products and cuDNN convolutions round their inputs
+  to TensorFloat-32 (10-bit mantissa, float32 accumulation). A no-op on other devices: the
+  CPU stays the float32 reference (oneDNN's reduced-precision matmul modes are left off).
+* ``bf16``: the training forward and loss run under ``torch.autocast(dtype=bfloat16)``; weights,
+  gradients and AdamW state stay float32 (autocast casts per op), so this is mixed precision,
+  not a bfloat16 model.
+
+Both only cover the training step: evaluation (and every intervention) runs outside them, in
+float32, so a run's metrics stay comparable with an fp32 run's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Literal
+
+import torch
+
+Precision = Literal["fp32", "tf32", "bf16"]
+
+
+def autocast(precision: Precision, device: torch.device) -> contextlib.AbstractContextManager:
+    """The context the training forward and loss run in: bf16 autocast, or nothing."""
+    if precision != "bf16":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def rounding_eps(precision: Precision, device: torch.device) -> float | None:
+    """The relative rounding of the training step's products under ``precision`` on
+    ``device``: bf16's or TF32's machine epsilon, None where it is float32's."""
+    if precision == "bf16":
+        return torch.finfo(torch.bfloat16).eps
+    if precision == "tf32" and device.type == "cuda":
+        return 2.0**-10  # TF32 keeps 10 mantissa bits
+    return None
+
+
+@contextlib.contextmanager
+def tf32(precision: Precision, device: torch.device) -> Iterator[None]:
+    """While inside, CUDA matmuls and cuDNN convolutions may use TF32 if ``precision`` is
+    ``tf32`` and ``device`` is CUDA; the previous settings are restored on exit (also on an
+    error), so nothing leaks to evaluation or to the caller."""
+    if precision != "tf32" or device.type != "cuda":
+        yield
+        return
+    # The per-backend ``fp32_precision`` API, not ``allow_tf32`` or
+    # ``set_float32_matmul_precision``: torch 2.13 reads these back exactly as they were set
+    # (the legacy setters turn an unset "none" into "ieee" on the way back), and
+    # ``set_float32_matmul_precision("high")`` would also switch the CPU's oneDNN matmuls.
+    # Inside the scope torch's legacy getters (``allow_tf32``) may raise "mix of the legacy and
+    # new APIs"; torch's compiler reads the new ones, and no callback runs in here.
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    saved = (matmul.fp32_precision, conv.fp32_precision)
+    matmul.fp32_precision = "tf32"
+    conv.fp32_precision = "tf32"
+    try:
+        yield
+    finally:
+        matmul.fp32_precision, conv.fp32_precision = saved

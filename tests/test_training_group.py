@@ -1,0 +1,328 @@
+"""Multi-model training (training/group.py): a group's run folders equal one-by-one train()
+runs (weights to float32 tolerance, metrics rows, statuses), per-member divergence, the stacked
+AdamW and per-model clipping against torch, grouping, skip and resume."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+from small_runs import TASK, config
+from torch import nn
+
+from mecheval.models import ARCHITECTURES, registry
+from mecheval.models.mixers.base import Mixer
+from mecheval.tasks import build_datasets
+from mecheval.training import read_status, resolve, train
+from mecheval.training.group import (
+    GroupTrainer,
+    StackedAdamW,
+    clip_grad_norms_,
+    groupable,
+    train_group,
+)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return build_datasets(resolve(config()).task)
+
+
+def assert_same_run(group_dir: Path, single_dir: Path, rtol: float = 1e-4) -> None:
+    """The folder a group member leaves equals train()'s: files, status fields, metrics rows
+    (values to float tolerance) and final weights (float32 tolerance)."""
+    assert sorted(p.name for p in group_dir.iterdir()) == sorted(
+        p.name for p in single_dir.iterdir()
+    )
+    assert (group_dir / "config.yaml").read_text() == (single_dir / "config.yaml").read_text()
+    sg, ss = read_status(group_dir), read_status(single_dir)
+    assert sg.keys() == ss.keys()
+    for key in ("state", "reason", "step", "total_steps"):
+        assert sg[key] == ss[key], key
+    fg, fs = pd.read_csv(group_dir / "metrics.csv"), pd.read_csv(single_dir / "metrics.csv")
+    assert fg[["step", "split", "metric"]].equals(fs[["step", "split", "metric"]])
+    torch.testing.assert_close(
+        torch.tensor(fg["value"].values), torch.tensor(fs["value"].values), rtol=rtol, atol=1e-5
+    )
+    if ss["state"] == "done":
+        wg, ws = (
+            load_file(group_dir / "model.safetensors"),
+            load_file(single_dir / "model.safetensors"),
+        )
+        assert wg.keys() == ws.keys()
+        for key in wg:
+            a, b = wg[key], ws[key]
+            if key.endswith("mixer.qkv.bias"):
+                # Softmax ignores a shift shared by all scores, so the key bias's gradient is
+                # exactly zero in exact arithmetic: Adam normalises its rounding noise (which
+                # differs between batched and single kernels) into steps of up to ~lr that
+                # change no output. Compared loosely; the q and v parts are not.
+                d = a.shape[0] // 3
+                torch.testing.assert_close(a[d : 2 * d], b[d : 2 * d], rtol=0, atol=1e-3)
+                a, b = torch.cat([a[:d], a[2 * d :]]), torch.cat([b[:d], b[2 * d :]])
+            torch.testing.assert_close(
+                a, b, rtol=rtol, atol=1e-5, msg=lambda m, key=key: f"{key}: {m}"
+            )
+
+
+def run_both(tmp_path: Path, cfgs, data, **kwargs) -> tuple[list[dict], list[dict]]:
+    group = train_group(
+        cfgs, [tmp_path / f"g{i}" for i in range(len(cfgs))], datasets=data, **kwargs
+    )
+    single = [
+        train(cfg, tmp_path / f"s{i}", quiet=True, datasets=data) for i, cfg in enumerate(cfgs)
+    ]
+    return group, single
+
+
+# ---------------------------------------------------------------------------- equivalence
+
+
+def test_attention_group_equals_one_by_one(tmp_path: Path, data) -> None:
+    cfgs = [
+        config(lr=3e-3, seed=0),
+        config(lr=1e-2, seed=1, weight_decay=0.1),
+        config(lr=1e-3, seed=2, grad_clip=0.05),  # small enough to clip every step
+    ]
+    group, single = run_both(tmp_path, cfgs, data)
+    assert [s["state"] for s in group] == ["done"] * 3
+    for i in range(3):
+        assert_same_run(tmp_path / f"g{i}", tmp_path / f"s{i}")
+    # The members really differ (different lr/seed reached different weights).
+    w0, w1 = (
+        load_file(tmp_path / "g0" / "model.safetensors"),
+        load_file(tmp_path / "g1" / "model.safetensors"),
+    )
+    assert not torch.allclose(w0["embedding.weight"], w1["embedding.weight"])
+
+
+def assert_stack_equals_one_by_one(tmp_path: Path, data, arch: str, device: str) -> None:
+    cfgs = [
+        config(arch, lr=3e-3, seed=0, steps=4, eval_every=2, device=device),
+        config(arch, lr=1e-2, seed=1, steps=4, eval_every=2, device=device),
+    ]
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        group, _ = run_both(tmp_path, cfgs, data)
+    # It trained as a group (a fallback to one-by-one would pass the comparison trivially).
+    assert not [w for w in record if "cannot be vmapped" in str(w.message)], arch
+    assert [s["state"] for s in group] == ["done", "done"]
+    for i in range(2):
+        assert_same_run(tmp_path / f"g{i}", tmp_path / f"s{i}")
+
+
+@pytest.mark.parametrize("arch", sorted(set(ARCHITECTURES) - {"attention"}))
+def test_group_equals_one_by_one(tmp_path: Path, data, arch: str) -> None:
+    assert_stack_equals_one_by_one(tmp_path, data, arch, "cpu")
+
+
+def test_extra_train_queries(tmp_path: Path, data) -> None:
+    cfgs = [config(train_queries=2, seed=0), config(train_queries=2, seed=1, lr=1e-2)]
+    run_both(tmp_path, cfgs, data)
+    for i in range(2):
+        assert_same_run(tmp_path / f"g{i}", tmp_path / f"s{i}")
+
+
+# ---------------------------------------------------------------------------- divergence
+
+
+def test_one_member_diverges_others_finish(tmp_path: Path, data) -> None:
+    cfgs = [config(lr=3e-3, seed=0), config(lr=1e6, seed=1), config(lr=1e-2, seed=2)]
+    group, single = run_both(tmp_path, cfgs, data)
+    assert [s["state"] for s in group] == ["done", "failed", "done"]
+    assert single[1]["state"] == "failed"
+    assert group[1]["reason"] == single[1]["reason"]
+    assert group[1]["reason"].startswith("diverged: training loss is ")
+    assert group[1]["step"] == single[1]["step"] < 8
+    assert not (tmp_path / "g1" / "model.safetensors").exists()
+    for i in range(3):
+        assert_same_run(tmp_path / f"g{i}", tmp_path / f"s{i}")
+
+
+def test_non_finite_weights_at_evaluation(tmp_path: Path, data, monkeypatch) -> None:
+    """A member whose weights turn non-finite (loss still finite) fails at the next evaluation
+    with the Trainer's reason; the other member is unaffected."""
+    cfgs = [config(seed=0), config(seed=1)]
+    original = StackedAdamW.step
+
+    def poison(self, params, grads, lr):
+        original(self, params, grads, lr)
+        if self.steps == 4 and self.size == 2:  # right before the eval at 4
+            params["final_norm.norm.bias"][1] = float("inf")  # slot 1: member 1
+
+    monkeypatch.setattr(StackedAdamW, "step", poison)
+    group = train_group(cfgs, [tmp_path / "g0", tmp_path / "g1"], datasets=data)
+    assert group[0]["state"] == "done"
+    assert group[1]["state"] == "failed"
+    assert group[1]["reason"] == "diverged: non-finite weights at step 4"
+    assert group[1]["step"] == 4
+    train(cfgs[0], tmp_path / "s0", quiet=True, datasets=data)
+    assert_same_run(tmp_path / "g0", tmp_path / "s0")
+
+
+# ---------------------------------------------------------------------------- optimizer
+
+
+def test_stacked_adamw_equals_torch_adamw() -> None:
+    torch.manual_seed(0)
+    k = 3
+    models = [nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 2)) for _ in range(k)]
+    lrs, decays = [1e-2, 3e-3, 1e-1], [0.0, 0.1, 0.5]
+    references = [
+        torch.optim.AdamW(
+            [
+                {"params": [p for p in m.parameters() if p.dim() >= 2], "weight_decay": wd},
+                {"params": [p for p in m.parameters() if p.dim() < 2], "weight_decay": 0.0},
+            ],
+            lr=lr,
+            betas=(0.8, 0.99),
+            eps=1e-6,
+        )
+        for m, lr, wd in zip(models, lrs, decays, strict=True)
+    ]
+    names = [n for n, _ in models[0].named_parameters()]
+    stacked = {
+        n: torch.stack([dict(m.named_parameters())[n].detach() for m in models]) for n in names
+    }
+    matrices = [n for n in names if stacked[n].dim() >= 3]
+    vectors = [n for n in names if n not in matrices]
+    opt = StackedAdamW(stacked, [matrices, vectors], [decays, [0.0] * k], (0.8, 0.99), 1e-6)
+    for step in range(6):
+        factor = (step + 1) / 6  # a changing schedule, different per model through the base lr
+        grads = {n: torch.randn_like(p) for n, p in stacked.items()}
+        for i, (m, ref) in enumerate(zip(models, references, strict=True)):
+            for group in ref.param_groups:
+                group["lr"] = lrs[i] * factor
+            for n, p in m.named_parameters():
+                p.grad = grads[n][i].clone()
+            ref.step()
+        opt.step(stacked, grads, [[lr * factor for lr in lrs]] * 2)
+    for i, m in enumerate(models):
+        for n, p in m.named_parameters():
+            torch.testing.assert_close(stacked[n][i], p.detach(), msg=n)
+    # And the models did move differently (a shared lr would fail the comparison above).
+    assert not torch.allclose(stacked[names[0]][0], stacked[names[0]][2])
+
+
+def test_per_model_clipping_equals_clip_grad_norm() -> None:
+    torch.manual_seed(0)
+    grads = {"a": torch.randn(3, 4, 5) * 3, "b": torch.randn(3, 7)}
+    limits = [1.0, None, 100.0]
+    expected = []
+    for i, limit in enumerate(limits):
+        parts = [grads["a"][i].clone(), grads["b"][i].clone()]
+        params = [nn.Parameter(torch.zeros_like(g)) for g in parts]
+        for p, g in zip(params, parts, strict=True):
+            p.grad = g
+        if limit is not None:
+            nn.utils.clip_grad_norm_(params, limit)
+        expected.append([p.grad for p in params])
+    clip_grad_norms_(grads, limits)
+    for i in range(3):
+        torch.testing.assert_close(grads["a"][i], expected[i][0])
+        torch.testing.assert_close(grads["b"][i], expected[i][1])
+    assert torch.linalg.vector_norm(torch.cat([g[0].flatten() for g in grads.values()])) < 1.0001
+
+
+# ---------------------------------------------------------------------------- grouping
+
+
+def test_groupable_partitions() -> None:
+    other_task = {**TASK, "n_pairs": 3}
+    cfgs = [
+        config(lr=1e-3),
+        config(d_model=32),
+        config(lr=1e-2, seed=4, weight_decay=0.1, grad_clip=1.0),
+        config("mamba"),
+        config(task=other_task),
+        config(batch_size=8),
+        config(d_model=32, seed=7),
+        config(steps=9),
+    ]
+    assert groupable(cfgs) == [[0, 2], [1, 6], [3], [4], [5], [7]]
+    assert groupable([config(seed=s) for s in range(5)], max_size=2) == [[0, 1], [2, 3], [4]]
+    with pytest.raises(ValueError, match="one group"):
+        GroupTrainer([resolve(cfgs[0]), resolve(cfgs[1])], {}, [Path("a"), Path("b")])
+
+
+# ---------------------------------------------------------------------------- skip, resume
+
+
+def test_skips_finished_and_resumes_interrupted(tmp_path: Path, data) -> None:
+    cfgs = [
+        config(seed=0, steps=12, checkpoint_every=4),
+        config(seed=1, steps=12, lr=1e-2, checkpoint_every=4),
+    ]
+    dirs = [tmp_path / "g0", tmp_path / "g1"]
+
+    class Crash(RuntimeError):
+        pass
+
+    def crash_at_8(step, model, run_dir):
+        if step == 8 and run_dir == dirs[1]:
+            raise Crash("simulated crash")
+
+    with pytest.raises(Crash):
+        train_group(cfgs, dirs, datasets=data, callbacks=[crash_at_8])
+    for d in dirs:
+        status = read_status(d)
+        assert status["state"] == "failed" and status["reason"].startswith("crashed")
+        assert json.loads((d / "checkpoint" / "state.json").read_text())["step"] == 4
+    # Resumed (alone, by train()) from the group's checkpoints: ends as uninterrupted runs.
+    statuses = train_group(cfgs, dirs, datasets=data)
+    assert [s["state"] for s in statuses] == ["done", "done"]
+    for i, cfg in enumerate(cfgs):
+        train(cfg, tmp_path / f"s{i}", quiet=True, datasets=data)
+        assert_same_run(dirs[i], tmp_path / f"s{i}")
+    # Finished: skipped, nothing rewritten.
+    before = [(d / "status.json").stat().st_mtime_ns for d in dirs]
+    again = train_group(cfgs, dirs, datasets=data)
+    assert again == statuses
+    assert [(d / "status.json").stat().st_mtime_ns for d in dirs] == before
+
+
+# ---------------------------------------------------------------------------- fallback
+
+
+class InPlaceShift(Mixer):
+    """Writes into a freshly allocated buffer in place: a pattern vmap cannot batch."""
+
+    def __init__(self, d_model: int, options) -> None:
+        super().__init__()
+        self.proj = nn.Linear(d_model, d_model)
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(x.shape[0], x.shape[1], x.shape[2])
+        out[:, 1:] = x[:, :-1]
+        return self.proj(out) + x
+
+
+@pytest.fixture
+def inplace_arch():
+    registry.architecture("inplace-shift-test")(InPlaceShift)
+    yield "inplace-shift-test"
+    del registry.ARCHITECTURES["inplace-shift-test"]
+
+
+def test_architecture_that_cannot_vmap_trains_one_by_one(
+    tmp_path: Path, data, inplace_arch
+) -> None:
+    cfgs = [config(inplace_arch, seed=0), config(inplace_arch, seed=1, lr=1e-2)]
+    with pytest.warns(RuntimeWarning, match="inplace-shift-test cannot be vmapped"):
+        group, single = run_both(tmp_path, cfgs, data)
+    assert [s["state"] for s in group] == ["done", "done"]
+    for i in range(2):
+        assert_same_run(tmp_path / f"g{i}", tmp_path / f"s{i}", rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_cuda_group_equals_one_by_one(tmp_path: Path, data, arch: str) -> None:
+    """Where it pays, on a GPU: a stack on CUDA leaves the run folders one-by-one CUDA runs
+    leave, for every architecture (vmap batching rules differ between devices)."""
+    assert_stack_equals_one_by_one(tmp_path, data, arch, "cuda")

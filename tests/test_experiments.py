@@ -7,8 +7,19 @@ import json
 import pytest
 
 from mecheval.errors import ConfigError
+from mecheval.experiments import runners
 from mecheval.experiments.grid import SweepSpec, expand, load_sweep
-from mecheval.experiments.runners import longest_first, make_jobs, plan_runs, run_sweep
+from mecheval.experiments.runners import (
+    GPU_GROUP_SIZE,
+    InterventionPlan,
+    auto_group_size,
+    estimated_seconds,
+    group_jobs,
+    longest_first,
+    make_jobs,
+    plan_runs,
+    run_sweep,
+)
 from mecheval.experiments.store import load_results, site_parts
 
 TINY_BASE = {
@@ -53,6 +64,19 @@ def test_names_are_readable_stable_and_unique() -> None:
     assert "model.mixer.d_conv" not in runs[0].overrides
     assert all(r.overrides["task.n_pairs"] == 4 for r in runs)
     assert [r.name for r in expand(spec)] == [r.name for r in runs]
+
+
+def test_one_runs_overrides_do_not_leak_into_the_next() -> None:
+    spec = SweepSpec(
+        name="x",
+        base=TINY_BASE,
+        grid={"model.architecture": ["mamba", "attention"]},
+        per_architecture={"mamba": {"training.device": "mps", "model.mixer.d_conv": 2}},
+    )
+    before = json.dumps(TINY_BASE, sort_keys=True)
+    (_, mamba), (_, attention) = plan_runs(spec)
+    assert mamba.training.device == "mps" and attention.training.device == "cpu"
+    assert json.dumps(TINY_BASE, sort_keys=True) == before
 
 
 def test_planned_configs_carry_the_grid_values() -> None:
@@ -198,12 +222,91 @@ def test_kill_9_mid_sweep_loses_no_finished_run(tmp_path) -> None:
         assert resumed == (tmp_path / "clean" / "killed" / o.name / "metrics.csv").read_text()
 
 
-def test_the_pool_starts_the_longest_runs_first(tmp_path) -> None:
+def test_the_pool_starts_the_longest_runs_first(tmp_path, monkeypatch) -> None:
+    # A step's cost stands in for the timing, which on models this small is noise: the test
+    # is of the ordering, not of the stopwatch.
+    timed = []
+
+    def step_cost(cfg) -> float:
+        timed.append(cfg.model.d_model)
+        return float(cfg.model.d_model)
+
+    monkeypatch.setattr(runners, "step_seconds", step_cost)
     spec = tiny_spec(**{"model.d_model": [8, 64], "training.steps": [12, 200]})
     jobs = make_jobs(spec, tmp_path, workers=2, plan=None, retry_failed=False, cache_dir=None)
-    ordered = [job.name for job in longest_first(jobs)]
+    assert estimated_seconds(jobs) == {
+        "d8-steps12": 8 * 12,
+        "d8-steps200": 8 * 200,
+        "d64-steps12": 64 * 12,
+        "d64-steps200": 64 * 200,
+    }
+    assert sorted(timed) == [8, 64]  # one timing per model shape
+    ordered = [group[0].name for group in longest_first([[job] for job in jobs])]
     assert ordered[0] == "d64-steps200" and ordered[-1] == "d8-steps12"
+    # A group costs its runs' sum: d8-steps12 and d64-steps12 together outweigh the latter.
+    pair = [jobs[0], jobs[2]]
+    assert [job.name for job in pair] == ["d8-steps12", "d64-steps12"]
+    assert longest_first([[jobs[2]], pair])[0] == pair
     # A finished run costs nothing, however big.
     (tmp_path / "tiny" / "d64-steps200").mkdir(parents=True)
     (tmp_path / "tiny" / "d64-steps200" / "status.json").write_text('{"state": "done"}')
-    assert longest_first(jobs)[-1].name == "d64-steps200"
+    assert longest_first([[job] for job in jobs])[-1][0].name == "d64-steps200"
+
+
+def test_runs_are_grouped_by_shape_and_capped(tmp_path) -> None:
+    spec = tiny_spec(
+        **{"model.d_model": [8, 16], "training.lr": [1e-3, 2e-3, 3e-3], "training.seed": [0]}
+    )
+    jobs = make_jobs(spec, tmp_path, workers=1, plan=None, retry_failed=False, cache_dir=None)
+    names = [[job.name for job in group] for group in group_jobs(jobs, 2)]
+    assert names == [
+        ["d8-lr1e-3-s0", "d8-lr2e-3-s0"],
+        ["d8-lr3e-3-s0"],
+        ["d16-lr1e-3-s0", "d16-lr2e-3-s0"],
+        ["d16-lr3e-3-s0"],
+    ]
+    assert [len(group) for group in group_jobs(jobs, 1)] == [1] * 6
+    # Stacks only where they pay: on a GPU, not on a CPU.
+    assert auto_group_size(jobs) == 1
+    gpu = make_jobs(
+        spec.model_copy(update={"set": {"training.device": "cuda"}}),
+        tmp_path,
+        workers=1,
+        plan=None,
+        retry_failed=False,
+        cache_dir=None,
+    )
+    assert auto_group_size(gpu) == GPU_GROUP_SIZE > 1
+    with pytest.raises(ConfigError, match="--group-size"):
+        run_sweep(spec, tmp_path, group_size=0)
+
+
+def test_a_grouped_sweep_equals_one_run_at_a_time(tmp_path, monkeypatch) -> None:
+    from mecheval.training import group
+
+    stacks = []
+    original = group.GroupTrainer.run
+
+    def counting_run(self, *args, **kwargs):
+        stacks.append(len(self.members))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(group.GroupTrainer, "run", counting_run)
+    spec = tiny_spec(**{"training.lr": [1e-3, 3e-3, 1e6]})
+    plan = InterventionPlan(sites=("layers.0.input",), roles=("value",), n_docs=8)
+    progress = []
+    stacked = run_sweep(spec, tmp_path / "g", group_size=3, plan=plan, on_progress=progress.append)
+    assert stacks == [3]  # one stack of all three, not three runs
+    assert {item[4] for item in progress} == {3}  # progress counts the stack's runs
+    single = run_sweep(spec, tmp_path / "s", group_size=1, plan=plan)
+    assert stacks == [3]
+    assert [(o.name, o.state) for o in stacked] == [(o.name, o.state) for o in single]
+    assert stacked[2].state == "failed" and "diverged" in stacked[2].reason
+    for o in single[:2]:
+        a = load_results(tmp_path / "g" / "tiny").query(f"run == '{o.name}'")
+        b = load_results(tmp_path / "s" / "tiny").query(f"run == '{o.name}'")
+        assert len(a) == len(b) > 0
+        assert (a["metric"].values == b["metric"].values).all()
+        assert a["value"].to_numpy() == pytest.approx(b["value"].to_numpy(), rel=1e-4, abs=1e-5)
+    # A rerun skips the stack's finished runs.
+    assert all(o.skipped for o in run_sweep(spec, tmp_path / "g", group_size=3)[:2])

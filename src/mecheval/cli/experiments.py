@@ -21,6 +21,35 @@ Address = Annotated[str | None, typer.Option(help="Ray cluster address (default:
 Out = Annotated[Path, typer.Option(help="folder that holds experiment folders")]
 RetryFailed = Annotated[bool, typer.Option("--retry-failed", help="rerun failed runs")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="no progress display")]
+GroupSize = Annotated[
+    int | None,
+    typer.Option(
+        help="most runs trained as one stacked model (same architecture and shape); "
+        "default: 32 on a GPU, 1 on a CPU",
+    ),
+]
+Device = Annotated[
+    str | None, typer.Option(help="train every run on this device (cpu, cuda, cuda:1, mps)")
+]
+Compile = Annotated[
+    bool,
+    typer.Option(
+        "--compile",
+        help="train single runs through torch.compile (faster for Mamba and H3 on a CPU; "
+        "stacks stay eager)",
+    ),
+]
+
+
+def runtime_overrides(device: str | None, compile_: bool) -> dict[str, object]:
+    """Settings that change where and how fast runs train, not what they compute: runs
+    trained with other values still resume and skip (see training.run)."""
+    overrides: dict[str, object] = {}
+    if device is not None:
+        overrides["training.device"] = device
+    if compile_:
+        overrides["training.compile"] = True
+    return overrides
 
 
 class SweepDisplay:
@@ -49,20 +78,21 @@ class SweepDisplay:
         self.progress.__exit__(*exc)
 
     def update(self, item: tuple) -> None:
-        name, step, total, loss = item
+        name, step, total, loss, runs = item
         if name not in self.jobs:
             self.jobs[name] = self.progress.add_task(name, total=total, info="")
         info = f"loss {loss:.3f}" if loss is not None else ""
         self.progress.update(self.jobs[name], completed=step, total=total, info=info)
         if step >= total and name not in self.finished:
             self.finished.add(name)
-            self.progress.update(self.overall, advance=1)
+            self.progress.update(self.overall, advance=runs)
             self.progress.remove_task(self.jobs[name])
 
 
-def _run(spec, out, workers, backend, address, retry_failed, plan, quiet):
+def _run(spec, out, workers, backend, address, retry_failed, plan, quiet, group_size, runtime):
     from mecheval.experiments.runners import plan_runs, run_sweep
 
+    spec = spec.model_copy(update={"set": {**spec.set, **runtime}})
     n_runs = len(plan_runs(spec))
     start = time.perf_counter()
     with SweepDisplay(n_runs, enabled=not quiet and sys.stderr.isatty()) as display:
@@ -76,6 +106,7 @@ def _run(spec, out, workers, backend, address, retry_failed, plan, quiet):
             retry_failed=retry_failed,
             cache_dir=out / ".cache",
             on_progress=display.update,
+            group_size=group_size,
         )
     failed = [o for o in outcomes if o.state != "done"]
     typer.echo(
@@ -99,6 +130,9 @@ def sweep_command(
     interventions: Annotated[
         bool, typer.Option(help="run the interchange interventions after training")
     ] = True,
+    group_size: GroupSize = None,
+    device: Device = None,
+    compile_: Compile = False,
     quiet: Quiet = False,
 ) -> None:
     """Train every run of a sweep into OUT/<sweep>/<run>/ (resumable; finished runs skip)."""
@@ -107,7 +141,10 @@ def sweep_command(
 
     spec = load_sweep(spec_path)
     plan = InterventionPlan() if interventions else None
-    outcomes = _run(spec, out, workers, backend, address, retry_failed, plan, quiet)
+    runtime = runtime_overrides(device, compile_)
+    outcomes = _run(
+        spec, out, workers, backend, address, retry_failed, plan, quiet, group_size, runtime
+    )
     if any(o.state != "done" for o in outcomes):
         raise typer.Exit(1)
 
@@ -149,6 +186,9 @@ def reproduce_command(
         str | None,
         typer.Option(help="comma-separated architectures instead of the paper's seven"),
     ] = None,
+    group_size: GroupSize = None,
+    device: Device = None,
+    compile_: Compile = False,
     quiet: Quiet = False,
 ) -> None:
     """Run a registered paper experiment: sweep, interventions, report; print its table."""
@@ -161,7 +201,18 @@ def reproduce_command(
     experiment = get_experiment(name)
     chosen = [a.strip() for a in archs.split(",") if a.strip()] if archs is not None else None
     spec = experiment.sweep(preset, chosen)
-    _run(spec, out, workers, backend, address, retry_failed, experiment.plan, quiet)
+    _run(
+        spec,
+        out,
+        workers,
+        backend,
+        address,
+        retry_failed,
+        experiment.plan,
+        quiet,
+        group_size,
+        runtime_overrides(device, compile_),
+    )
     _report(out / spec.name, experiment.figures)
 
 

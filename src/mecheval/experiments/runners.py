@@ -28,6 +28,9 @@ from mecheval.training.run import STATUS_FILE, is_finished, read_status
 
 BACKENDS = ("local", "ray")
 
+#: The most runs stacked into one model on a GPU when --group-size is not given.
+GPU_GROUP_SIZE = 32
+
 
 @dataclass(frozen=True)
 class InterventionPlan:
@@ -90,39 +93,57 @@ def plan_runs(spec: SweepSpec) -> list[tuple[RunSpec, RunConfig]]:
     return planned
 
 
-def execute(job: Job, progress: Any = None) -> Outcome:
-    """Train one run (skip/resume as its folder says), then intervene. Runs in a worker."""
+def execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
+    """Train a group of runs (one stacked model where they form one, see
+    ``mecheval.training.group``; skip/resume as their folders say), then intervene in each.
+    Runs in a worker; the jobs share their worker settings (threads, plan, plugins)."""
     import torch
 
-    from mecheval.training.config import RunConfig
-    from mecheval.training.run import train
+    from mecheval.training.group import train_group
 
-    torch.set_num_threads(job.threads)
-    if job.plugins:
+    first = jobs[0]
+    torch.set_num_threads(first.threads)
+    if first.plugins:
         from mecheval.models.registry import use_plugins
 
-        use_plugins(job.plugins)
-    cfg = RunConfig.model_validate(job.config)
-    reporter = QueueReporter(job.name, progress) if progress is not None else None
-    run_dir = Path(job.run_dir)
-    already = read_status(run_dir)
+        use_plugins(first.plugins)
+    cfgs = [RunConfig.model_validate(job.config) for job in jobs]
+    run_dirs = [Path(job.run_dir) for job in jobs]
+    already = [read_status(run_dir) for run_dir in run_dirs]
     callbacks = []
-    if job.plan is not None and job.plan.during_training:
+    if first.plan is not None and first.plan.during_training:
         from mecheval.experiments.mechanisms import EmergenceCallback
 
-        callbacks.append(EmergenceCallback(cfg.task, cfg.model.n_layers))
+        callbacks.append(EmergenceCallback(cfgs[0].task, cfgs[0].model.n_layers))
+
+    def reporter_for(members: Sequence[RunConfig]) -> QueueReporter:
+        label = str(members[0].name) + (f" +{len(members) - 1}" if len(members) > 1 else "")
+        return QueueReporter(label, progress, runs=len(members))
+
+    crash = ""
     try:
-        status = train(
-            cfg,
-            run_dir,
-            quiet=True,
+        train_group(
+            cfgs,
+            run_dirs,
             callbacks=callbacks,
-            reporter=reporter,
-            cache_dir=Path(job.cache_dir) if job.cache_dir else None,
+            cache_dir=Path(first.cache_dir) if first.cache_dir else None,
+            max_group=len(jobs),
+            reporter_for=reporter_for if progress is not None else None,
         )
-    except Exception as err:  # a crash of one run must not end the sweep
-        return Outcome(job.name, "failed", f"crashed: {type(err).__name__}: {err}")
-    skipped = already is not None and already.get("state") == status.get("state") == "done"
+    except Exception as err:  # a crash of one group must not end the sweep
+        crash = f"crashed: {type(err).__name__}: {err}"
+    return [
+        _finish(job, run_dir, before, crash)
+        for job, run_dir, before in zip(jobs, run_dirs, already, strict=True)
+    ]
+
+
+def _finish(job: Job, run_dir: Path, before: Mapping[str, Any] | None, crash: str) -> Outcome:
+    """A trained run's outcome, after its interventions when it is done."""
+    status = read_status(run_dir) or {}
+    if crash and not is_finished(status):
+        return Outcome(job.name, "failed", crash)
+    skipped = before is not None and before.get("state") == status.get("state") == "done"
     if status.get("state") == "done" and job.plan is not None:
         from mecheval.experiments.mechanisms import intervene_run
 
@@ -133,7 +154,7 @@ def execute(job: Job, progress: Any = None) -> Outcome:
     return Outcome(
         job.name,
         str(status.get("state")),
-        str(status.get("reason", "")),
+        str(status.get("reason") or ""),
         dict(status.get("metrics") or {}),
         skipped,
     )
@@ -142,17 +163,17 @@ def execute(job: Job, progress: Any = None) -> Outcome:
 class QueueReporter:
     """Sends a run's progress to the parent process (a training Reporter)."""
 
-    def __init__(self, name: str, sink: Any, every: int = 25) -> None:
-        self.name, self.sink, self.every = name, sink, every
+    def __init__(self, name: str, sink: Any, every: int = 25, runs: int = 1) -> None:
+        self.name, self.sink, self.every, self.runs = name, sink, every, runs
         self.total = 0
 
     def start(self, total: int, step: int) -> None:
         self.total = total
-        self.sink.put((self.name, step, total, None))
+        self.sink.put((self.name, step, total, None, self.runs))
 
     def step(self, step: int, loss: float) -> None:
         if step % self.every == 0 or step == self.total:
-            self.sink.put((self.name, step, self.total, loss))
+            self.sink.put((self.name, step, self.total, loss, self.runs))
 
     def evaluated(self, step: int, results: Mapping[str, Mapping[str, float]]) -> None:
         pass
@@ -223,10 +244,9 @@ def step_seconds(cfg: RunConfig) -> float:
         torch.set_num_threads(threads)
 
 
-def longest_first(jobs: Sequence[Job]) -> list[Job]:
-    """Jobs by decreasing estimated training time (a step timed once per model shape, times
-    the run's steps; finished runs cost nothing), so that a pool of workers is not left
-    waiting on one slow run started last."""
+def estimated_seconds(jobs: Sequence[Job]) -> dict[str, float]:
+    """Each job's training time, estimated as a step timed once per model shape times the
+    run's steps; a finished run costs nothing."""
     from mecheval.training.config import total_steps
 
     per_shape: dict[str, float] = {}
@@ -240,45 +260,105 @@ def longest_first(jobs: Sequence[Job]) -> list[Job]:
         if shape not in per_shape:
             per_shape[shape] = step_seconds(cfg)
         costs[job.name] = per_shape[shape] * total_steps(cfg)
-    return sorted(jobs, key=lambda job: -costs[job.name])
+    return costs
+
+
+def longest_first(groups: Sequence[Sequence[Job]]) -> list[list[Job]]:
+    """Groups of jobs by decreasing estimated training time (their runs' sum: a stack does
+    every member's arithmetic), so that a pool of workers is not left waiting on one slow
+    group started last."""
+    costs = estimated_seconds([job for group in groups for job in group])
+    return sorted(
+        (list(group) for group in groups), key=lambda group: -sum(costs[j.name] for j in group)
+    )
+
+
+def auto_group_size(jobs: Sequence[Job]) -> int:
+    """Stack runs only on a GPU: one small model leaves a GPU idle, while on a CPU a stack
+    trained at 0.25-1.2x the speed of its runs one by one (benchmarks/bench_training.py,
+    docs/performance.md)."""
+    return GPU_GROUP_SIZE if _on_gpu(jobs) else 1
+
+
+def _on_gpu(jobs: Sequence[Job]) -> bool:
+    return any(str(job.config["training"].get("device", "cpu")).startswith("cuda") for job in jobs)
+
+
+def _in_job_order(
+    jobs: Sequence[Job], groups: Sequence[Sequence[Job]], results: Sequence[Sequence[Outcome]]
+) -> list[Outcome]:
+    done = {
+        job.name: outcome
+        for group, outcomes in zip(groups, results, strict=True)
+        for job, outcome in zip(group, outcomes, strict=True)
+    }
+    return [done[job.name] for job in jobs]
+
+
+def group_jobs(jobs: Sequence[Job], group_size: int) -> list[list[Job]]:
+    """Jobs partitioned into groups of at most ``group_size`` runs that train as one stacked
+    model (same architecture and shapes, any LR/seed/decay/clipping: see
+    ``mecheval.training.group.groupable``), in the order of the jobs."""
+    if group_size < 1:
+        raise ConfigError(f"--group-size: expected >= 1, got {group_size}")
+    if group_size == 1:
+        return [[job] for job in jobs]
+    from mecheval.training.group import groupable
+
+    by_worker: dict[tuple, list[Job]] = {}
+    for job in jobs:  # a stack shares one worker's settings too
+        by_worker.setdefault((job.threads, job.plan, job.cache_dir, job.plugins), []).append(job)
+    groups = []
+    for members in by_worker.values():
+        cfgs = [RunConfig.model_validate(job.config) for job in members]
+        groups += [[members[i] for i in g] for g in groupable(cfgs, max_size=group_size)]
+    return sorted(groups, key=lambda group: jobs.index(group[0]))
 
 
 def run_local(
-    jobs: Sequence[Job], workers: int, on_progress: Callable[[tuple], None] | None = None
+    jobs: Sequence[Job],
+    workers: int,
+    on_progress: Callable[[tuple], None] | None = None,
+    group_size: int = 1,
 ) -> list[Outcome]:
+    groups = group_jobs(jobs, group_size)
     if workers <= 1:
         sink = _CallbackSink(on_progress) if on_progress else None
-        return [execute(job, sink) for job in jobs]
+        return _in_job_order(jobs, groups, [execute_group(group, sink) for group in groups])
     # spawn, not fork: forking a process whose torch thread pool is running can deadlock.
     context = multiprocessing.get_context("spawn")
-    ordered = longest_first(jobs) if len(jobs) > workers else list(jobs)
+    ordered = longest_first(groups) if len(groups) > workers else groups
     with context.Manager() as manager:
         sink = manager.Queue() if on_progress else None
         with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-            futures = [pool.submit(execute, job, sink) for job in ordered]
+            futures = [pool.submit(execute_group, group, sink) for group in ordered]
             pending: set[Future] = set(futures)
             while pending:
                 _, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
                 _drain(sink, on_progress)
             _drain(sink, on_progress)
-            done = {job.name: f.result() for job, f in zip(ordered, futures, strict=True)}
-    return [done[job.name] for job in jobs]
+            results = [future.result() for future in futures]
+    return _in_job_order(jobs, ordered, results)
 
 
-def run_ray(jobs: Sequence[Job], address: str | None) -> list[Outcome]:
+def run_ray(jobs: Sequence[Job], address: str | None, group_size: int = 1) -> list[Outcome]:
     try:
         import ray
     except ImportError:
         raise ConfigError("--backend ray: needs Ray (pip install 'mecheval[ray]')") from None
+    groups = group_jobs(jobs, group_size)
     started_here = not ray.is_initialized()
     if started_here:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     try:
-        remote = ray.remote(num_cpus=jobs[0].threads if jobs else 1)(execute)
-        return ray.get([remote.remote(job) for job in jobs])
+        remote = ray.remote(
+            num_cpus=jobs[0].threads if jobs else 1, num_gpus=1 if _on_gpu(jobs) else 0
+        )(execute_group)
+        results = ray.get([remote.remote(group) for group in groups])
     finally:
         if started_here:
             ray.shutdown()
+    return _in_job_order(jobs, groups, results)
 
 
 class _CallbackSink:
@@ -310,13 +390,20 @@ def run_sweep(
     retry_failed: bool = False,
     cache_dir: Path | None = None,
     on_progress: Callable[[tuple], None] | None = None,
+    group_size: int | None = None,
 ) -> list[Outcome]:
-    """Run every run of ``spec`` under ``out_dir/spec.name``; return one outcome per run."""
+    """Run every run of ``spec`` under ``out_dir/spec.name``; return one outcome per run.
+
+    ``group_size``: the most runs trained as one stacked model (:func:`group_jobs`); None
+    chooses (:func:`auto_group_size`: stacks on a GPU, one run at a time on a CPU)."""
     if backend not in BACKENDS:
         raise ConfigError(f"--backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
     if workers < 1:
         raise ConfigError(f"--workers: expected >= 1, got {workers}")
+    if group_size is not None and group_size < 1:
+        raise ConfigError(f"--group-size: expected >= 1, got {group_size}")
     jobs = make_jobs(spec, Path(out_dir), workers, plan, retry_failed, cache_dir)
+    size = auto_group_size(jobs) if group_size is None else group_size
     if backend == "ray":
-        return run_ray(jobs, address)
-    return run_local(jobs, workers, on_progress)
+        return run_ray(jobs, address, size)
+    return run_local(jobs, workers, on_progress, size)

@@ -1,10 +1,14 @@
-"""Forward + backward time per architecture on the CPU (issue #3 "Speed").
+"""Forward + backward time per architecture (issue #3 "Speed"; issue #7's bf16 column).
 
 Times one training step's forward and backward (loss at the query position only, as training
 computes it) for every registered architecture, and prints each one's time as a ratio
-against attention measured in the same run.
+against attention measured in the same run. ``--bf16`` also times the same step under the
+``training.precision: bf16`` autocast and prints the fp32/bf16 speed ratio (> 1: bf16 faster);
+``--fused`` (CUDA, with ``mecheval[cuda]``) does the same for ``training.kernels: fused``, and
+``--compile`` for ``training.compile`` (the first, compiling step is timed apart).
 
     python benchmarks/bench_models.py [--widths 64 256] [--batch 32] [--length 70] [--threads 1]
+        [--device cpu|cuda] [--bf16] [--fused] [--compile]
 """
 
 from __future__ import annotations
@@ -15,29 +19,51 @@ import time
 
 import torch
 
-from mecheval.models import ARCHITECTURES, ModelConfig, build_model, count_parameters
+from mecheval.models import ARCHITECTURES, ModelConfig, build_model, count_parameters, kernels
+from mecheval.training.precision import Precision, autocast
 
 
 def time_step(
-    arch: str, d: int, batch: int, length: int, vocab: int, repeats: int
+    arch: str,
+    d: int,
+    args: argparse.Namespace,
+    precision: Precision = "fp32",
+    fused: bool = False,
+    compiled: bool = False,
 ) -> tuple[float, int]:
     torch.manual_seed(0)
+    device = torch.device(args.device)
     cfg = ModelConfig(
-        architecture=arch, d_model=d, n_layers=2, vocab_size=vocab, max_len=max(length, 64)
+        architecture=arch,
+        d_model=d,
+        n_layers=2,
+        vocab_size=args.vocab,
+        max_len=max(args.length, 64),
     )
-    model = build_model(cfg)
-    tokens = torch.randint(0, vocab, (batch, length))
-    at = torch.full((batch,), length - 1)
-    answer = torch.randint(0, vocab, (batch,))
+    model = build_model(cfg).to(device)
+    if compiled:
+        torch._dynamo.reset()  # each model compiles afresh, never hitting the recompile limit
+    forward = torch.compile(model) if compiled else model
+    tokens = torch.randint(0, args.vocab, (args.batch, args.length), device=device)
+    at = torch.full((args.batch,), args.length - 1, device=device)
+    answer = torch.randint(0, args.vocab, (args.batch,), device=device)
 
     def step() -> None:
         model.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(model(tokens, at=at), answer)
+        with autocast(precision, device), kernels.fused_kernels(fused):
+            logits = forward(tokens, at=at)
+        loss = torch.nn.functional.cross_entropy(logits.float(), answer)
         loss.backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
 
-    step()  # warm-up: allocator, kernels
+    start = time.perf_counter()
+    step()  # warm-up: allocator, kernels, compilation
+    warm_up = time.perf_counter() - start
+    if compiled:
+        print(f"  ({arch} d={d}: first compiled step {warm_up:.1f} s)", flush=True)
     times = []
-    for _ in range(repeats):
+    for _ in range(args.repeats):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
@@ -52,20 +78,37 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--bf16", action="store_true", help="also time bf16 autocast")
+    parser.add_argument("--fused", action="store_true", help="also time the fused kernels")
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile")
     parser.add_argument("--arch", nargs="*", default=None, help="default: every architecture")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     archs = args.arch or sorted(ARCHITECTURES)
     print(
         f"forward+backward, 2 layers, B={args.batch}, T={args.length}, vocab={args.vocab}, "
-        f"{args.threads} thread(s), median of {args.repeats}"
+        f"{args.threads} thread(s), {args.device}, median of {args.repeats}"
     )
-    print(f"{'architecture':<12} {'d':>4} {'params':>10} {'ms/step':>9} {'x attention':>12}")
+    header = f"{'architecture':<12} {'d':>4} {'params':>10} {'ms/step':>9} {'x attention':>12}"
+    header += f" {'bf16 ms':>9} {'fp32/bf16':>10}" if args.bf16 else ""
+    header += f" {'fused ms':>9} {'ref/fused':>10}" if args.fused else ""
+    print(header + (f" {'comp. ms':>9} {'eager/comp':>10}" if args.compile else ""))
     for d in args.widths:
-        base, _ = time_step("attention", d, args.batch, args.length, args.vocab, args.repeats)
+        base, _ = time_step("attention", d, args)
         for arch in archs:
-            t, n = time_step(arch, d, args.batch, args.length, args.vocab, args.repeats)
-            print(f"{arch:<12} {d:>4} {n:>10,} {t * 1e3:>9.2f} {t / base:>12.2f}")
+            t, n = time_step(arch, d, args)
+            line = f"{arch:<12} {d:>4} {n:>10,} {t * 1e3:>9.2f} {t / base:>12.2f}"
+            if args.bf16:
+                half, _ = time_step(arch, d, args, "bf16")
+                line += f" {half * 1e3:>9.2f} {t / half:>10.2f}"
+            if args.fused:
+                fast, _ = time_step(arch, d, args, fused=True)
+                line += f" {fast * 1e3:>9.2f} {t / fast:>10.2f}"
+            if args.compile:
+                comp, _ = time_step(arch, d, args, compiled=True)
+                line += f" {comp * 1e3:>9.2f} {t / comp:>10.2f}"
+            print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,190 @@
+"""Training throughput (model-steps/s) per architecture: one model at a time vs a vmapped
+group of K (training/group.py), and a naive baseline with full-vocabulary logits everywhere.
+
+Three ways to do the same K x steps optimizer steps of AR training, timed in the same run:
+
+* ``naive``: one model at a time, logits at every position ([B, T, V]) and a cross-entropy
+  masked to the answer (what a generic LM training loop computes);
+* ``single``: one model at a time with the Trainer's own step (logits at the query only,
+  ``metrics.answer_loss``);
+* ``group``: the K models stacked and trained by ``GroupTrainer.train_step`` (one vmapped
+  forward/backward, stacked AdamW, per-model clipping), each on its own data order.
+
+Ratios ``single/naive`` and ``group/single`` are throughput ratios (> 1: faster). Default sizes
+take a couple of minutes on a 2-core CPU; ``--paper`` sets the paper's scale (d 64..256,
+vocabulary 8192, 16 pairs, batch 32), which takes much longer. The last lines project the
+paper's AR grid over the (architecture, width) pairs measured: ``--lrs`` runs each, every
+run the paper preset's steps, trained one at a time vs in stacks of K.
+
+    python benchmarks/bench_training.py [--arch attention mamba] [--widths 64] [--group 5]
+    python benchmarks/bench_training.py --paper --widths 64 128 256 --steps 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from mecheval.models import ARCHITECTURES, count_parameters
+from mecheval.tasks import Batch, build_datasets
+from mecheval.training import resolve, total_steps
+from mecheval.training.config import RunConfig, config_from_data
+from mecheval.training.group import GroupTrainer
+from mecheval.training.presets import preset
+from mecheval.training.trainer import Trainer
+
+LRS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)  # the paper's LR grid spans these
+
+
+def configs(args: argparse.Namespace, arch: str, d: int) -> list[RunConfig]:
+    n_train = args.batch * (args.steps + args.warmup)
+    data = {
+        "task": {
+            "kind": "ar",
+            "n_keys": args.vocab // 2,
+            "n_values": args.vocab // 2,
+            "n_pairs": args.pairs,
+            "n_train": n_train,
+            "n_dev": args.batch,
+            "n_test": args.batch,
+        },
+        "model": {"architecture": arch, "d_model": d, "n_layers": 2},
+        "training": {"batch_size": args.batch, "steps": 1000, "device": args.device},
+    }
+    return [
+        resolve(config_from_data(data, [f"training.lr={LRS[k % len(LRS)]}", f"training.seed={k}"]))
+        for k in range(args.group)
+    ]
+
+
+def naive_step(trainer: Trainer, batch: Batch) -> None:
+    """The Trainer's step, but with [B, T, V] logits and the loss masked to the answer."""
+    model = trainer.model
+    logits = model(batch.tokens)
+    targets = torch.full_like(batch.tokens, -100)
+    targets[torch.arange(len(batch)), batch.query] = batch.answer
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    trainer.optimizer.step()
+    trainer.scheduler.step()
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def time_one_at_a_time(cfgs, data, folder: Path, args, naive: bool) -> float:
+    """Seconds for steps x K model-steps, one model after another."""
+    total = 0.0
+    for k, cfg in enumerate(cfgs):
+        trainer = Trainer(cfg, data, folder / f"{'n' if naive else 's'}{k}")
+        for step in range(args.warmup + args.steps):
+            batch = trainer.batch_at(step)
+            if step == args.warmup:
+                sync(args.device)
+                start = time.perf_counter()
+            if naive:
+                naive_step(trainer, batch)
+            else:
+                trainer.train_step(batch)
+            trainer.step += 1
+        sync(args.device)
+        total += time.perf_counter() - start
+    return total
+
+
+def time_group(cfgs, data, folder: Path, args) -> float:
+    group = GroupTrainer(cfgs, data, [folder / f"g{k}" for k in range(len(cfgs))])
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            sync(args.device)
+            start = time.perf_counter()
+        group.train_step()
+        group.step += 1
+    sync(args.device)
+    if len(group.live) != len(cfgs):
+        raise RuntimeError("a group member diverged during the benchmark")
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", nargs="*", default=None, help="default: every architecture")
+    parser.add_argument("--widths", type=int, nargs="+", default=None, help="default: 64")
+    parser.add_argument("--vocab", type=int, default=None, help="default: 1024 (paper 8192)")
+    parser.add_argument("--pairs", type=int, default=None, help="default: 8 (paper 16)")
+    parser.add_argument("--batch", type=int, default=None, help="default: 32 (paper 64)")
+    parser.add_argument("--group", type=int, default=5, help="K models per group")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per model")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--lrs", type=int, default=5, help="runs per (architecture, width)")
+    parser.add_argument("--no-naive", action="store_true", help="skip the naive baseline")
+    parser.add_argument(
+        "--paper", action="store_true", help="paper scale: widths 64 128 256, vocab 8192, ..."
+    )
+    args = parser.parse_args()
+    paper = {"widths": [64, 128, 256], "vocab": 8192, "pairs": 16, "batch": 32}
+    small = {"widths": [64], "vocab": 1024, "pairs": 8, "batch": 32}
+    for key, value in (paper if args.paper else small).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    torch.set_num_threads(args.threads)
+    archs = args.arch or sorted(ARCHITECTURES)
+    print(
+        f"AR training, 2 layers, vocab={args.vocab}, {args.pairs} pairs, B={args.batch}, "
+        f"K={args.group}, {args.steps} timed steps per model, {args.threads} thread(s), "
+        f"{args.device}; throughput in model-steps/s"
+    )
+    header = (
+        f"{'architecture':<12} {'d':>4} {'params':>10} {'naive':>8} {'single':>8} "
+        f"{'group':>8} {'single/naive':>13} {'group/single':>13}"
+    )
+    print(header)
+    seconds = {"single": 0.0, "group": 0.0}  # the projected grid, one way and the other
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for d in args.widths:
+            for arch in archs:
+                cfgs = configs(args, arch, d)
+                data = build_datasets(cfgs[0].task)
+                work = args.group * args.steps
+                naive = (
+                    None
+                    if args.no_naive
+                    else work / time_one_at_a_time(cfgs, data, folder, args, naive=True)
+                )
+                single = work / time_one_at_a_time(cfgs, data, folder, args, naive=False)
+                group = work / time_group(cfgs, data, folder, args)
+                n = count_parameters(Trainer(cfgs[0], data, folder / "count").model)
+                naive_text = "-" if naive is None else f"{naive:.1f}"
+                ratio = "-" if naive is None else f"{single / naive:.2f}"
+                print(
+                    f"{arch:<12} {d:>4} {n:>10,} {naive_text:>8} {single:>8.1f} {group:>8.1f} "
+                    f"{ratio:>13} {group / single:>13.2f}",
+                    flush=True,
+                )
+                work_per_shape = args.lrs * total_steps(
+                    config_from_data(preset("paper", "ar", arch))
+                )
+                seconds["single"] += work_per_shape / single
+                seconds["group"] += work_per_shape / group
+    unit = "GPU" if args.device.startswith("cuda") else f"CPU-thread ({args.threads} thread)"
+    print(
+        f"paper AR grid over these {len(archs) * len(args.widths)} (architecture, width) pairs "
+        f"x {args.lrs} LRs, projected {unit}-hours: one at a time "
+        f"{seconds['single'] / 3600:.1f}, stacked K={args.group} {seconds['group'] / 3600:.1f}"
+        + ("" if args.paper else " (measured at the small sizes: use --paper)")
+    )
+
+
+if __name__ == "__main__":
+    main()

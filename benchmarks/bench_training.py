@@ -10,19 +10,27 @@ Three ways to do the same K x steps optimizer steps of AR training, timed in the
 * ``group``: the K models stacked and trained by ``GroupTrainer.train_step`` (one vmapped
   forward/backward, stacked AdamW, per-model clipping), each on its own data order.
 
-Ratios ``single/naive`` and ``group/single`` are throughput ratios (> 1: faster). Default sizes
+Ratios ``single/naive`` and ``group/single`` are throughput ratios (> 1: faster). With
+``--memory`` each way runs in a process of its own and its peak memory is printed too: the
+growth of the process's peak RSS over its state before the first model (CPU), or
+``torch.cuda.max_memory_allocated`` (CUDA), so a stack's cost in memory shows beside its
+speed (what bounds ``--group-size`` on a GPU). Default sizes
 take a couple of minutes on a 2-core CPU; ``--paper`` sets the paper's scale (d 64..256,
 vocabulary 8192, 16 pairs, batch 32), which takes much longer. The last lines project the
 paper's AR grid over the (architecture, width) pairs measured: ``--lrs`` runs each, every
 run the paper preset's steps, trained one at a time vs in stacks of K.
 
     python benchmarks/bench_training.py [--arch attention mamba] [--widths 64] [--group 5]
-    python benchmarks/bench_training.py --paper --widths 64 128 256 --steps 10
+    python benchmarks/bench_training.py --paper --widths 64 128 256 --steps 10 [--memory]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import resource
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,7 +38,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from mecheval.models import ARCHITECTURES, count_parameters
+from mecheval.models import ARCHITECTURES, build_model, count_parameters
 from mecheval.tasks import Batch, build_datasets
 from mecheval.training import resolve, total_steps
 from mecheval.training.config import RunConfig, config_from_data
@@ -114,13 +122,43 @@ def time_group(cfgs, data, folder: Path, args) -> float:
     return time.perf_counter() - start
 
 
+MODES = ("naive", "single", "group")
+
+
+def measure(mode: str, arch: str, d: int, args: argparse.Namespace, folder: Path) -> dict:
+    """Seconds for K x steps model-steps done ``mode``'s way, and the peak memory it took (MB;
+    NaN unless ``args.memory``, as a shared process's peak says nothing of one way)."""
+    cfgs = configs(args, arch, d)
+    data = build_datasets(cfgs[0].task)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    if mode == "group":
+        seconds = time_group(cfgs, data, folder, args)
+    else:
+        seconds = time_one_at_a_time(cfgs, data, folder, args, naive=mode == "naive")
+    peak_mb = float("nan")
+    if args.memory and args.device.startswith("cuda"):
+        peak_mb = torch.cuda.max_memory_allocated() / 2**20
+    elif args.memory:  # ru_maxrss is in KiB on Linux
+        peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
+    return {"seconds": seconds, "peak_mb": peak_mb}
+
+
+def measure_apart(mode: str, arch: str, d: int, argv: list[str]) -> dict:
+    """:func:`measure` in a fresh process of its own, so that the peak memory is its own."""
+    command = [sys.executable, __file__, *argv, "--one", mode, arch, str(d)]
+    out = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", nargs="*", default=None, help="default: every architecture")
     parser.add_argument("--widths", type=int, nargs="+", default=None, help="default: 64")
     parser.add_argument("--vocab", type=int, default=None, help="default: 1024 (paper 8192)")
     parser.add_argument("--pairs", type=int, default=None, help="default: 8 (paper 16)")
-    parser.add_argument("--batch", type=int, default=None, help="default: 32 (paper 64)")
+    parser.add_argument("--batch", type=int, default=None, help="default: 32 (paper 32)")
     parser.add_argument("--group", type=int, default=5, help="K models per group")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per model")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
@@ -128,6 +166,10 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--lrs", type=int, default=5, help="runs per (architecture, width)")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive baseline")
+    parser.add_argument(
+        "--memory", action="store_true", help="each way in its own process, with its peak memory"
+    )
+    parser.add_argument("--one", nargs=3, metavar=("MODE", "ARCH", "D"), help=argparse.SUPPRESS)
     parser.add_argument(
         "--paper", action="store_true", help="paper scale: widths 64 128 256, vocab 8192, ..."
     )
@@ -138,40 +180,54 @@ def main() -> None:
         if getattr(args, key) is None:
             setattr(args, key, value)
     torch.set_num_threads(args.threads)
+    if args.one:
+        mode, arch, d = args.one
+        with tempfile.TemporaryDirectory() as tmp:
+            print(json.dumps(measure(mode, arch, int(d), args, Path(tmp))))
+        return
     archs = args.arch or sorted(ARCHITECTURES)
+    modes = [mode for mode in MODES if not (mode == "naive" and args.no_naive)]
     print(
         f"AR training, 2 layers, vocab={args.vocab}, {args.pairs} pairs, B={args.batch}, "
         f"K={args.group}, {args.steps} timed steps per model, {args.threads} thread(s), "
         f"{args.device}; throughput in model-steps/s"
+        + ("; peak memory in MB, each way in its own process" if args.memory else "")
     )
     header = (
         f"{'architecture':<12} {'d':>4} {'params':>10} {'naive':>8} {'single':>8} "
         f"{'group':>8} {'single/naive':>13} {'group/single':>13}"
     )
+    if args.memory:
+        header += f" {'MB naive':>9} {'MB single':>10} {'MB group':>9}"
     print(header)
     seconds = {"single": 0.0, "group": 0.0}  # the projected grid, one way and the other
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for d in args.widths:
             for arch in archs:
-                cfgs = configs(args, arch, d)
-                data = build_datasets(cfgs[0].task)
+                if args.memory:
+                    rows = {m: measure_apart(m, arch, d, sys.argv[1:]) for m in modes}
+                else:
+                    rows = {m: measure(m, arch, d, args, folder) for m in modes}
                 work = args.group * args.steps
-                naive = (
-                    None
-                    if args.no_naive
-                    else work / time_one_at_a_time(cfgs, data, folder, args, naive=True)
-                )
-                single = work / time_one_at_a_time(cfgs, data, folder, args, naive=False)
-                group = work / time_group(cfgs, data, folder, args)
-                n = count_parameters(Trainer(cfgs[0], data, folder / "count").model)
+                speed = {m: work / rows[m]["seconds"] for m in modes}
+                single, group = speed["single"], speed["group"]
+                naive = speed.get("naive")
+                cfg = configs(args, arch, d)[0]
+                n = count_parameters(build_model(cfg.model))
                 naive_text = "-" if naive is None else f"{naive:.1f}"
                 ratio = "-" if naive is None else f"{single / naive:.2f}"
-                print(
+                line = (
                     f"{arch:<12} {d:>4} {n:>10,} {naive_text:>8} {single:>8.1f} {group:>8.1f} "
-                    f"{ratio:>13} {group / single:>13.2f}",
-                    flush=True,
+                    f"{ratio:>13} {group / single:>13.2f}"
                 )
+                if args.memory:
+                    naive_mb = "-" if naive is None else f"{rows['naive']['peak_mb']:.0f}"
+                    line += (
+                        f" {naive_mb:>9} {rows['single']['peak_mb']:>10.0f}"
+                        f" {rows['group']['peak_mb']:>9.0f}"
+                    )
+                print(line, flush=True)
                 work_per_shape = args.lrs * total_steps(
                     config_from_data(preset("paper", "ar", arch))
                 )

@@ -6,16 +6,22 @@ TORCH_VERSION ?= 2.13.0
 
 .PHONY: setup quick test lint clean
 
+# Two stamps: the quick run needs mecheval alone; the tests also need the dev and ray extras
+# (scipy, pytest, ruff, Ray), which would add a good part of the install to `make quick`.
 $(BIN)/mecheval: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==$(TORCH_VERSION)
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.extras: $(BIN)/mecheval
 	$(BIN)/pip install -q -e '.[dev,ray]'
 	touch $@
 
-setup: $(BIN)/mecheval
+setup: $(VENV)/.extras
 
-quick: setup
+quick: $(BIN)/mecheval
 	$(BIN)/mecheval reproduce ar --preset quick --workers 2
 
 test: setup

@@ -158,7 +158,7 @@ def main() -> None:
     parser.add_argument("--widths", type=int, nargs="+", default=None, help="default: 64")
     parser.add_argument("--vocab", type=int, default=None, help="default: 1024 (paper 8192)")
     parser.add_argument("--pairs", type=int, default=None, help="default: 8 (paper 16)")
-    parser.add_argument("--batch", type=int, default=None, help="default: 32 (paper 32)")
+    parser.add_argument("--batch", type=int, default=None, help="default: 32, as in the paper")
     parser.add_argument("--group", type=int, default=5, help="K models per group")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per model")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")

@@ -312,7 +312,8 @@ def group_jobs(jobs: Sequence[Job], group_size: int) -> list[list[Job]]:
     for members in by_worker.values():
         cfgs = [RunConfig.model_validate(job.config) for job in members]
         groups += [[members[i] for i in g] for g in groupable(cfgs, max_size=group_size)]
-    return sorted(groups, key=lambda group: jobs.index(group[0]))
+    position = {job.name: i for i, job in enumerate(jobs)}
+    return sorted(groups, key=lambda group: position[group[0].name])
 
 
 def run_local(
@@ -400,8 +401,6 @@ def run_sweep(
         raise ConfigError(f"--backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
     if workers < 1:
         raise ConfigError(f"--workers: expected >= 1, got {workers}")
-    if group_size is not None and group_size < 1:
-        raise ConfigError(f"--group-size: expected >= 1, got {group_size}")
     jobs = make_jobs(spec, Path(out_dir), workers, plan, retry_failed, cache_dir)
     size = auto_group_size(jobs) if group_size is None else group_size
     if backend == "ray":

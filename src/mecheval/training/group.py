@@ -89,6 +89,7 @@ from mecheval.training.run import (
     MODEL_FILE,
     RichReporter,
     check_same_config,
+    crash_reason,
     is_finished,
     read_status,
     train,
@@ -594,15 +595,13 @@ def _train_members(
         group.run(start)
     except BaseException as err:
         # As train(): not a property of the configs; a later call resumes from checkpoints.
-        reason = (
-            "interrupted" if isinstance(err, KeyboardInterrupt) else f"{type(err).__name__}: {err}"
-        )
+        reason = crash_reason(err)
         for k in group.live:
             member = group.members[k]
             write_status(
                 member.run_dir,
                 state="failed",
-                reason=f"crashed: {reason}",
+                reason=reason,
                 step=member.step,
                 total_steps=total,
                 wall_time=member.wall_time(start),

@@ -84,6 +84,12 @@ def check_same_config(run_dir: Path, cfg: RunConfig) -> None:
         )
 
 
+def crash_reason(err: BaseException) -> str:
+    """The status reason of a run stopped by ``err`` (not a divergence: resumable)."""
+    what = "interrupted" if isinstance(err, KeyboardInterrupt) else f"{type(err).__name__}: {err}"
+    return f"crashed: {what}"
+
+
 def write_status(run_dir: Path, **fields: Any) -> dict[str, Any]:
     status = {
         "state": fields.pop("state"),
@@ -164,13 +170,10 @@ def train(
         )
     except BaseException as err:
         # Not a property of the config: a later call resumes from the last checkpoint.
-        reason = (
-            "interrupted" if isinstance(err, KeyboardInterrupt) else f"{type(err).__name__}: {err}"
-        )
         write_status(
             run_dir,
             state="failed",
-            reason=f"crashed: {reason}",
+            reason=crash_reason(err),
             step=trainer.step if trainer is not None else 0,
             total_steps=total,
             wall_time=trainer.wall_time(start)

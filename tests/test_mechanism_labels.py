@@ -32,7 +32,6 @@ ALPHA, BETA = 10.0, 12.0
 def set_head(attn: Attention, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, wo) -> None:
     with torch.no_grad():
         attn.qkv.weight.copy_(torch.cat([wq, wk, wv]))
-        attn.qkv.bias.zero_()
         attn.out_proj.weight.copy_(wo)
         attn.out_proj.bias.zero_()
 

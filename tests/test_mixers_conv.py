@@ -10,7 +10,7 @@ import torch
 
 from mecheval.errors import ConfigError
 from mecheval.models import ModelConfig, build_model, site_names
-from mecheval.models.mixers.base import ShortConv
+from mecheval.models.mixers.base import ShortConv, is_inert
 from mecheval.models.mixers.baseconv import BaseConv
 from mecheval.models.mixers.based import (
     BasedLinearAttention,
@@ -133,11 +133,17 @@ def test_positional_features_match_hyena() -> None:
 def test_implicit_long_conv_adds_skip() -> None:
     torch.manual_seed(0)
     u = torch.randn(2, 9, 4)
-    for skip in ("identity", "learned"):
-        conv = ImplicitLongConv(4, l_max=16, order=8, skip=skip)
+    skips = {"identity": lambda c: u, "learned": lambda c: u * c.D, "zeroed": lambda c: 0 * u}
+    for skip, term in skips.items():
+        conv = ImplicitLongConv(ImplicitFilter(4, l_max=16, order=8), skip=skip)
         k = conv.kernel(9)
-        expected = naive_causal_conv(u, k) + (u if skip == "identity" else u * conv.D)
-        torch.testing.assert_close(conv(u), expected, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            conv(u), naive_causal_conv(u, k) + term(conv), rtol=1e-5, atol=1e-6
+        )
+    # the zeroed skip's D exists (as in zoology) but gets no gradient
+    conv = ImplicitLongConv(ImplicitFilter(4, l_max=16, order=8), skip="zeroed")
+    conv(u).sum().backward()
+    assert is_inert(conv.D) and not conv.D.grad.any()
 
 
 # --- Based ------------------------------------------------------------------------------
@@ -294,8 +300,9 @@ def test_diag_ssm_kernel_under_vmap() -> None:
 
 def test_h3_defaults_and_gating() -> None:
     opts = H3Options()
-    assert (opts.d_state, opts.l_max, opts.head_dim) == (1024, 1024, 1)
-    model = build("h3", d_state=16)
+    # the paper's code passes head_dim 2 (tinylang/model/zoology.py), d_state = l_max = 1024
+    assert (opts.d_state, opts.l_max, opts.head_dim) == (1024, 1024, 2)
+    model = build("h3", d_state=16, head_dim=1)
     mixer = model.layers[0].mixer
     torch.testing.assert_close(  # S4D-Lin init: A = -1/2 + i pi n
         mixer.ssm.A_imag[0, :3], torch.tensor([0.0, math.pi, 2 * math.pi])
@@ -355,8 +362,13 @@ def test_hyena_gating_order() -> None:
     u = torch.randn(2, 12, 16)
     x1, x2, v = mixer.conv(mixer.in_proj(u)).split(16, dim=-1)
     h = x1 * v
-    y = naive_causal_conv(h, mixer.long_conv.kernel(12)) + h * mixer.long_conv.D
+    # the paper's runs (bias: false): no skip, exactly the gated long convolution
+    y = naive_causal_conv(h, mixer.long_conv.kernel(12))
     torch.testing.assert_close(mixer(u), mixer.out_proj(x2 * y), rtol=1e-4, atol=1e-5)
+    skip = build("hyena", long_conv_skip=True).layers[0].mixer
+    skip.load_state_dict(mixer.state_dict())
+    y = y + h * mixer.long_conv.D
+    torch.testing.assert_close(skip(u), mixer.out_proj(x2 * y), rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="l_max"):
         build("hyena", l_max=8).layers[0].mixer(torch.randn(1, 9, 16))
     with pytest.raises(ConfigError, match=r"model\.mixer\.emb_dim"):
@@ -389,7 +401,11 @@ def test_builds_trains_and_exposes_conv_sites(arch: str) -> None:
     x = torch.randint(0, 20, (3, 37), generator=gen(2))
     logits = model(x)
     torch.nn.functional.cross_entropy(logits.flatten(0, 1), x.roll(-1, 1).flatten()).backward()
-    missing = [n for n, p in model.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
+    missing = [
+        n
+        for n, p in model.named_parameters()
+        if not is_inert(p) and (p.grad is None or p.grad.abs().sum() == 0)
+    ]
     assert not missing, missing
     names = set(site_names(model))
     for i, layer in enumerate(model.layers):

@@ -184,7 +184,7 @@ def test_deltanet_first_step_by_hand() -> None:
         v = F.silu(m.v_conv(m.v_proj(x)))[0, 0]
         beta = torch.sigmoid(m.b_proj(x))[0, 0]
         o = beta * v * (k @ q) / (k.norm() * q.norm() * math.sqrt(8))
-        torch.testing.assert_close(m(x)[0, 0], m.out_proj(o))
+        torch.testing.assert_close(m(x)[0, 0], m.o_proj(o))
 
 
 # ---------------------------------------------------------------- causality

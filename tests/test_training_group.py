@@ -65,8 +65,11 @@ def assert_same_run(group_dir: Path, single_dir: Path, rtol: float = 1e-4) -> No
                 d = a.shape[0] // 3
                 torch.testing.assert_close(a[d : 2 * d], b[d : 2 * d], rtol=0, atol=1e-3)
                 a, b = torch.cat([a[:d], a[2 * d :]]), torch.cat([b[:d], b[2 * d :]])
+            # atol 5e-5: Adam divides by sqrt(v), so where a gradient entry is tiny the ulp-level
+            # difference between batched and single kernels becomes a weight difference of a
+            # few 1e-5 after a few steps at lr 1e-2 (seen: 2.2e-5 on one DeltaNet weight).
             torch.testing.assert_close(
-                a, b, rtol=rtol, atol=1e-5, msg=lambda m, key=key: f"{key}: {m}"
+                a, b, rtol=rtol, atol=5e-5, msg=lambda m, key=key: f"{key}: {m}"
             )
 
 

@@ -3,10 +3,18 @@
 embedding (+ learned absolute positions) -> n_layers pre-norm blocks
 ``x + mixer(norm(x))``, ``x + mlp(LN(x))`` -> final LayerNorm -> LM head tied to the embedding.
 
-Init follows GPT-2/zoology: every Linear and Embedding weight ~ N(0, 0.02), biases 0, the
-residual-out projections (``out_proj`` of a mixer, ``fc2`` of an MLP) scaled by
-1/sqrt(2 * n_layers); then each mixer re-initialises what its architecture prescribes
-(e.g. Mamba's A and dt).
+Init is the one the paper's code applies to each block type (``Architecture.init``):
+
+* ``"zoology"`` (zoology ``model.py`` ``_init_weights``, every TransformerBlock): every Linear
+  and Embedding weight ~ N(0, init_std), biases 0, the residual-out projections (``out_proj``
+  of a mixer, ``fc2`` of an MLP) ~ N(0, init_std / sqrt(2 * n_layers));
+* ``"mamba"`` (mamba_ssm ``mixer_seq_simple._init_weights``, which the paper's MambaBlock path
+  uses): Linear weights keep PyTorch's default (kaiming-uniform, a = sqrt(5): U(+-1/sqrt(fan_in))),
+  Linear biases 0, Embeddings ~ N(0, init_std), ``out_proj`` redrawn kaiming-uniform and
+  divided by sqrt(n_layers) (one residual branch per block);
+
+then each mixer's ``init_special()`` applies what its architecture prescribes (Mamba's A and
+dt, the convolutions' PyTorch defaults, …).
 """
 
 from __future__ import annotations
@@ -112,11 +120,22 @@ class LanguageModel(nn.Module):
 
     def reset_parameters(self) -> None:
         std = self.config.init_std
-        out_std = std / math.sqrt(2 * self.config.n_layers)
+        n_layers = self.config.n_layers
+        arch = get_architecture(self.config.architecture)
+        residual_branches = 2 if arch.mlp else 1
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
-                last = name.rsplit(".", 1)[-1]
-                nn.init.normal_(module.weight, 0.0, out_std if last in RESIDUAL_OUT_NAMES else std)
+                residual_out = name.rsplit(".", 1)[-1] in RESIDUAL_OUT_NAMES
+                if arch.init == "mamba":
+                    module.reset_parameters()  # PyTorch's default, as mamba_ssm leaves it
+                    if residual_out:
+                        # mamba_ssm: kaiming_uniform_(a=sqrt(5)), then / sqrt(n_residuals *
+                        # n_layers), one residual branch per block without an MLP.
+                        with torch.no_grad():
+                            module.weight.div_(math.sqrt(residual_branches * n_layers))
+                else:
+                    out_std = std / math.sqrt(2 * n_layers)
+                    nn.init.normal_(module.weight, 0.0, out_std if residual_out else std)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):

@@ -48,6 +48,9 @@ class Architecture:
     description: str
     mlp: bool = True  # Mamba blocks have no MLP
     norm: Literal["layer", "rms"] = "layer"  # pre-norm of each block; the final norm is LayerNorm
+    #: weight init of the whole model: "zoology" (GPT-2 style, every Linear N(0, init_std)) or
+    #: "mamba" (mamba_ssm's: PyTorch's default Linear init); see models/backbone.py.
+    init: Literal["zoology", "mamba"] = "zoology"
 
 
 ARCHITECTURES: dict[str, Architecture] = {}
@@ -208,6 +211,7 @@ register(
         description="Mamba-1 selective SSM with short conv (Gu & Dao, 2023); no MLP, RMSNorm",
         mlp=False,
         norm="rms",
+        init="mamba",
     )
 )
 

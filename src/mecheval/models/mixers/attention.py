@@ -1,4 +1,7 @@
-"""Causal softmax multi-head attention (Vaswani et al., 2017); the paper uses 1 head."""
+"""Causal softmax multi-head attention (Vaswani et al., 2017) as zoology's ``MHA``
+(``mixers/attention.py``): a fused q/k/v projection, without bias in the paper's runs (they pass
+``bias: false``, which zoology applies to ``Wqkv`` only), and an output projection with bias.
+The paper uses 1 head."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ class AttentionOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     num_heads: int = Field(1, ge=1)
     dropout: float = Field(0.0, ge=0.0, le=0.0, description="kept for Table 1; always 0")
+    qkv_bias: bool = Field(False, description="bias on the q/k/v projection (paper's runs: off)")
 
 
 class Attention(Mixer):
@@ -24,7 +28,7 @@ class Attention(Mixer):
                 f"model.d_model: {d_model} is not divisible by mixer.num_heads={options.num_heads}"
             )
         self.num_heads = options.num_heads
-        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=options.qkv_bias)
         self.out_proj = nn.Linear(d_model, d_model)
 
     def mix(self, x: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,18 @@ from mecheval.models import kernels
 from mecheval.models.sites import Site
 
 
+def mark_inert(parameter: nn.Parameter) -> nn.Parameter:
+    """Declare a parameter that the forward multiplies by 0 on purpose (it exists so that
+    parameter counts and state dicts equal a reference's, e.g. Hyena's zeroed skip D): its
+    gradient is always 0, and the architecture contract's gradient check expects that."""
+    parameter.inert = True  # type: ignore[attr-defined]
+    return parameter
+
+
+def is_inert(parameter: nn.Parameter) -> bool:
+    return getattr(parameter, "inert", False)
+
+
 class Mixer(nn.Module):
     """A causal sequence mixer [B, T, d] -> [B, T, d] framed by two sites.
 

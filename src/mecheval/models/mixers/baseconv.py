@@ -3,9 +3,10 @@
     y = conv(u) * projection(u) + u          (use_act=True: silu(conv(u)) * silu(projection(u)) + u)
 
 with ``projection`` a Linear d -> d (with bias) and ``conv`` per layer either a causal depthwise
-short convolution of size k (``ShortConv``) or, for k = -1, an implicit long convolution
-(Hyena filter MLP of width 16, emb_dim 3, fixed positional features, plus an unweighted ``+ u``
-inside the convolution, as zoology's ``ImplicitLongConvolution``). There is no output
+short convolution of size k (``ShortConv``) or, for k = -1, zoology's
+``ImplicitLongConvolution`` (``mixers/convolution.py``): a kernel from fixed positional
+features (t, cos, sin) -> Linear(3, 16) -> ReLU -> Linear(16, d), no decay window, plus an
+unweighted ``+ u`` inside the convolution (``long_conv.MLPFilter``). There is no output
 projection. Either way ``conv`` ends in an ``output`` site, so ``mixer.conv.output`` exists
 in every layer.
 
@@ -22,10 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer, ShortConv
-from mecheval.models.mixers.long_conv import ImplicitLongConv
+from mecheval.models.mixers.long_conv import ImplicitLongConv, MLPFilter
 
-#: zoology's ImplicitLongConvolution default MLP width (BaseConv passes no ``order``)
-BASECONV_FILTER_ORDER = 16
+#: zoology's ImplicitLongConvolution hidden width (``d_hidden``; BaseConv passes none)
+LONG_CONV_HIDDEN = 16
 
 
 class BaseConvOptions(BaseModel):
@@ -67,7 +68,7 @@ class BaseConv(Mixer):
         self.conv: nn.Module
         if kernel_size == -1:
             self.conv = ImplicitLongConv(
-                d_model, l_max, order=BASECONV_FILTER_ORDER, learn_positions=False, skip="identity"
+                MLPFilter(d_model, l_max, hidden=LONG_CONV_HIDDEN), skip="identity"
             )
         elif kernel_size >= 1:
             self.conv = ShortConv(d_model, kernel_size)

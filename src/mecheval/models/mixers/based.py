@@ -2,8 +2,9 @@
 with the paper's config ``[BaseConv, Based]``:
 
 * even layers: :class:`~mecheval.models.mixers.baseconv.BaseConv` with a short causal conv of
-  size ``conv_kernel_size`` (default 3), or the implicit long conv when ``long_conv`` is set
-  (the Fig. 4b ablation);
+  size ``conv_kernel_size`` (default 3), or zoology's implicit long conv
+  (``ImplicitLongConvolution``) when ``long_conv`` is set (the Fig. 4b ablation, tinylang's
+  ``based_long_only``);
 * odd layers: :class:`BasedLinearAttention`, causal linear attention with the 2nd-order
   Taylor feature map
 

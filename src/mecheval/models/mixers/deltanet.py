@@ -6,12 +6,17 @@
     q       = q / sqrt(d_head)          (fla's kernels scale q by d_k^-0.5 by default)
     β_t     = sigmoid(w_β · x_t)        one per head (use_beta=True)
     S_t     = S_{t-1} + β_t (v_t - S_{t-1} k_t) k_tᵀ,   o_t = S_t q_t
-    out     = out_proj(RMSNorm_head(o))  fla normalises each head's output (o_norm) when
+    out     = o_proj(RMSNorm_head(o))    fla normalises each head's output (o_norm) when
                                          use_gate=False, its default
 
 As in fla, the projections, β and the convolutions have no bias (conv_bias=False) and the
-convolutions have kernel size 4. fla defaults to 4 heads; the paper's Table 1 uses one head
-for every multi-head mixer, so ``num_heads`` defaults to 1 here.
+convolutions have kernel size 4. The output projection keeps fla's name ``o_proj``: the paper's
+init (zoology's ``_init_weights``) rescales only ``out_proj``/``fc2`` by 1/sqrt(2 n_layers), so
+``o_proj`` stays at N(0, init_std), as in the paper's models.
+
+Heads: fla's layer defaults to 4, but the paper's code builds it with ``num_heads: n_head``
+(tinylang ``tinylang/model/zoology.py``, mixer ``delta_net``) and every released config sets
+``n_head: 1``, so ``num_heads`` defaults to 1 here; ``num_heads: 4`` gives fla's default.
 
 The forward pass uses the chunked parallel form (:func:`delta_rule_chunked`); the step-by-step
 :func:`delta_rule_recurrent` is the specification it is tested against.
@@ -33,7 +38,7 @@ class DeltaNetOptions(BaseModel):
     num_heads: int = Field(1, ge=1)
     conv_size: int = Field(4, ge=1, description="kernel size of the q, k and v short convs")
     conv_bias: bool = False
-    output_norm: bool = Field(True, description="RMSNorm of each head's output before out_proj")
+    output_norm: bool = Field(True, description="RMSNorm of each head's output before o_proj")
     norm_eps: float = Field(1e-5, gt=0.0)
     chunk_size: int = Field(16, ge=1, description="block length of the chunked parallel form")
 
@@ -129,7 +134,7 @@ class DeltaNet(Mixer):
         self.o_norm = (
             nn.RMSNorm(self.head_dim, eps=options.norm_eps) if options.output_norm else None
         )
-        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+        self.o_proj = nn.Linear(d_model, d_model, bias=False)
 
     def heads(self, x: torch.Tensor) -> torch.Tensor:
         """[B, T, d] -> [B, H, T, d_head]"""
@@ -153,7 +158,7 @@ class DeltaNet(Mixer):
         if self.o_norm is not None:
             o = self.o_norm(o)
         b, _, t, _ = o.shape
-        return self.out_proj(o.transpose(1, 2).reshape(b, t, -1))
+        return self.o_proj(o.transpose(1, 2).reshape(b, t, -1))
 
     def mix(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v, beta = self.qkv_beta(x)

@@ -24,9 +24,10 @@ not just for speed: the shift SSM's kernel is d_state long, so with d_state >= T
 filter spans the whole sequence. The diagonal kernel costs O(d/head_dim * d_state/2 * T)
 memory per forward; lower ``d_state`` for cheap CPU experiments (not paper-faithful).
 
-**head_dim** defaults to 1 (zoology's default; the scalar gating above). Table 1 lists
-head_dim 1024, which zoology cannot build for d_model <= 256 (it must divide d_model). With
-head_dim = p > 1 each of the d/p heads forms the outer product k'_i v_j (p x p channels that
+**head_dim** defaults to 2, the value the paper's code passes (tinylang
+``tinylang/model/zoology.py``, mixer ``h3``: ``head_dim: 2`` with ``d_state = l_max``); zoology's
+own default is 1 (scalar gating). Table 1's 1024 cannot divide d_model <= 256. With
+head_dim = p each of the d/p heads forms the outer product k'_i v_j (p x p channels that
 share the head's diagonal SSM) and y_j = sum_i q_i SSM(k' v)_ij; outputs are laid out
 (j, head) as in zoology.
 
@@ -57,7 +58,9 @@ class H3Options(BaseModel):
         description="state size N of both SSMs (shift-SSM kernel length; N/2 complex diagonal "
         "modes); paper: 1024",
     )
-    head_dim: int = Field(1, ge=1, description="must divide d_model (zoology default 1)")
+    head_dim: int = Field(
+        2, ge=1, description="must divide d_model (paper's runs: 2; zoology default 1)"
+    )
     discretization: Literal["bilinear", "zoh"] = Field(
         "bilinear", description="diagonal SSM discretisation (zoology default: bilinear)"
     )
@@ -234,7 +237,7 @@ class H3(Mixer):
         super().__init__()
         if d_model % options.head_dim:
             raise ValueError(
-                f"model.d_model: {d_model} is not divisible by mixer.head_dim={options.head_dim}"
+                f"model.mixer.head_dim: {options.head_dim} does not divide model.d_model={d_model}"
             )
         if options.dt_min > options.dt_max:
             raise ValueError(f"model.mixer.dt_min: {options.dt_min} exceeds dt_max")

@@ -7,10 +7,17 @@
 ``conv`` (site ``mixer.conv.output``, [B, T, 3d]) is the short convolution; ``long_conv`` (site
 ``mixer.long_conv.output``, [B, T, d]) the implicit long convolution: filter MLP of width
 ``filter_order`` (64) over ``emb_dim`` (3) positional features with sin activations (shared
-frequency, init 1), exponential-decay modulation, and ``+ D * input`` with D ~ N(0, 1). As in
-zoology's Hyena (whose trainer ignores the per-parameter learning rates it records), the
-positional features are trainable, the decay rates fixed. One head, one block,
-unidirectional: the only configuration zoology's code supports correctly.
+frequency, init 1) and exponential-decay modulation. As in zoology's Hyena (whose trainer
+ignores the per-parameter learning rates it records), the positional features are trainable,
+the decay rates fixed. One head, one block, unidirectional: the only configuration zoology's
+code supports correctly.
+
+The long-conv skip ``D * input`` (D ~ N(0, 1)): the paper's runs pass ``bias: false``, which
+reaches zoology's ``Filter(bias=False)`` and multiplies D by 0 (tinylang
+``tinylang/model/zoology.py``; zoology ``mixers/hyena.py``, ``Filter.forward``). So by
+default the long convolution has no skip and the layer computes exactly
+``out_proj(x2 * (k * (x1 v)))``; D is kept, inert, so parameter counts match the paper's
+models. ``long_conv_skip: true`` trains it (Hyena's own default).
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer, ShortConv
-from mecheval.models.mixers.long_conv import ImplicitLongConv
+from mecheval.models.mixers.long_conv import ImplicitFilter, ImplicitLongConv
 
 
 class HyenaOptions(BaseModel):
@@ -31,6 +38,11 @@ class HyenaOptions(BaseModel):
     filter_order: int = Field(64, ge=1, description="width of the implicit filter MLP")
     emb_dim: int = Field(3, ge=3, description="positional features of the filter (odd)")
     short_filter_order: int = Field(3, ge=1, description="size of the short causal conv")
+    long_conv_skip: bool = Field(
+        False,
+        description="add the learned D * input skip to the long conv (paper's runs: off, "
+        "zoology Filter(bias=False))",
+    )
     num_heads: int = Field(1, ge=1, le=1, description="kept for Table 1; only 1")
     num_blocks: int = Field(1, ge=1, le=1, description="kept for Table 1; only 1")
     outer_mixing: Literal[False] = Field(False, description="kept for Table 1; only False")
@@ -53,12 +65,14 @@ class Hyena(Mixer):
         self.in_proj = nn.Linear(d_model, 3 * d_model)
         self.conv = ShortConv(3 * d_model, options.short_filter_order)
         self.long_conv = ImplicitLongConv(
-            d_model,
-            options.l_max,
-            order=options.filter_order,
-            emb_dim=options.emb_dim,
-            learn_positions=True,
-            skip="learned",
+            ImplicitFilter(
+                d_model,
+                options.l_max,
+                order=options.filter_order,
+                emb_dim=options.emb_dim,
+                learn_positions=True,
+            ),
+            skip="learned" if options.long_conv_skip else "zeroed",
         )
         self.out_proj = nn.Linear(d_model, d_model)
 

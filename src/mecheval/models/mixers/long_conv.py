@@ -23,10 +23,15 @@ demand bitwise causality and the sequences are short, the Toeplitz product up to
 quadratically); the FFT on a GPU, where speed matters (tests/test_mixers_conv.py checks all
 three compute the same function).
 
-The implicit filter follows zoology's ``ImplicitLongConvolution`` / Hyena ``Filter``
-(Poli et al., 2023): complex-exponential positional features ``z(t)`` of size ``emb_dim``
--> MLP with ``sin`` activations (one shared, trainable frequency vector) -> ``[L, C]``,
-multiplied by an exponential-decay window ``exp(-t |delta_c|)`` with per-channel decay rates.
+Two implicit filters parametrise the kernel, each as the paper's code builds it:
+
+* :class:`ImplicitFilter`, Hyena's ``Filter`` (Poli et al., 2023; zoology ``mixers/hyena.py``):
+  complex-exponential positional features ``z(t)`` of size ``emb_dim`` -> MLP with ``sin``
+  activations (one shared, trainable frequency vector) -> ``[L, C]``, multiplied by an
+  exponential-decay window ``exp(-t |delta_c|)`` with per-channel decay rates;
+* :class:`MLPFilter`, zoology's ``ImplicitLongConvolution`` (``mixers/convolution.py``, the
+  long convolution of BaseConv and of Based's Fig. 4b ablation): the same positional
+  features, fixed, -> Linear(emb_dim, 16) -> ReLU -> Linear(16, C) with bias; no window.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mecheval.models.mixers.base import mark_inert
 from mecheval.models.sites import Site
 
 
@@ -134,7 +140,8 @@ def positional_features(l_max: int, emb_dim: int) -> tuple[torch.Tensor, torch.T
 
 
 class ImplicitFilter(nn.Module):
-    """MLP over positional features -> modulated kernel ``[C, L]`` for any ``L <= l_max``."""
+    """Hyena's ``Filter``: sine MLP over positional features -> kernel ``[C, L]`` for any
+    ``L <= l_max``, modulated by an exponential-decay window."""
 
     def __init__(
         self,
@@ -154,8 +161,8 @@ class ImplicitFilter(nn.Module):
         self.l_max = l_max
         self.shift = shift
         z, t = positional_features(l_max, emb_dim)
-        # zoology's Hyena registers z as a trainable parameter (its BaseConv filter does not);
-        # t and the decay rates are fixed in both.
+        # zoology's Hyena registers z as a trainable parameter (its lr_pos_emb is not 0);
+        # t and the decay rates are fixed.
         if learn_positions:
             self.z = nn.Parameter(z)
         else:
@@ -184,42 +191,74 @@ class ImplicitFilter(nn.Module):
         h = h * (torch.exp(-self.t[:, :length] * self.deltas.abs()) + self.shift)
         return h[0].transpose(0, 1)  # [C, L]
 
+    def reset_special(self) -> None:
+        """Init of what the backbone's generic Linear init does not touch: the positional
+        features (when trained) and the sine frequencies."""
+        if isinstance(self.z, nn.Parameter):
+            z, _ = positional_features(self.l_max, self.z.shape[-1])
+            with torch.no_grad():
+                self.z.copy_(z)
+        for module in self.mlp:
+            if isinstance(module, Sin):
+                module.reset_parameters()
+
+
+class MLPFilter(nn.Module):
+    """zoology's ``ImplicitLongConvolution`` filter: fixed positional features -> Linear ->
+    ReLU -> Linear (with bias) -> kernel ``[C, L]`` for any ``L <= l_max``."""
+
+    def __init__(self, channels: int, l_max: int, hidden: int = 16, emb_dim: int = 3) -> None:
+        super().__init__()
+        self.l_max = l_max
+        z, _ = positional_features(l_max, emb_dim)
+        # zoology stores z as a frozen nn.Parameter; a buffer is the same fixed input and
+        # keeps the count of trained parameters equal to the reference's.
+        self.register_buffer("z", z, persistent=False)
+        self.mlp = nn.Sequential(nn.Linear(emb_dim, hidden), nn.ReLU(), nn.Linear(hidden, channels))
+
+    def forward(self, length: int) -> torch.Tensor:
+        if length > self.l_max:
+            raise ValueError(
+                f"sequence length {length} exceeds model.mixer.l_max={self.l_max} "
+                "(the implicit filter is defined on l_max positions)"
+            )
+        return self.mlp(self.z[:, :length])[0].transpose(0, 1)  # [C, L]
+
+    def reset_special(self) -> None:
+        """Nothing beyond the backbone's Linear init (zoology's ``_init_weights`` reaches
+        these Linears too: N(0, init_std) weights, zero biases)."""
+
 
 class ImplicitLongConv(nn.Module):
-    """``y = k * u + skip(u)`` with ``k`` from an :class:`ImplicitFilter`; ``[B, T, C]`` in/out.
+    """``y = k * u + skip(u)`` with ``k`` from an implicit filter; ``[B, T, C]`` in/out.
 
-    ``skip="identity"`` adds ``u`` (zoology's ``ImplicitLongConvolution`` in BaseConv, whose
-    ``fft_conv`` adds ``u`` unweighted); ``skip="learned"`` adds ``D * u`` with a per-channel
-    ``D ~ N(0, 1)`` (the Hyena ``Filter`` bias). Its ``output`` site makes
-    ``mixer.conv.output`` (or ``mixer.long_conv.output``) addressable.
+    ``skip="identity"`` adds ``u`` (zoology's ``ImplicitLongConvolution``, whose ``fft_conv``
+    adds ``u`` unweighted); ``skip="learned"`` adds ``D * u`` with a per-channel
+    ``D ~ N(0, 1)`` (the Hyena ``Filter`` bias); ``skip="zeroed"`` keeps that ``D`` but
+    multiplies it by 0, as zoology's ``Filter(bias=False)`` does in the paper's runs (its
+    gradient is 0; it is kept so that parameter counts and state dicts match the reference).
+    Its ``output`` site makes ``mixer.conv.output`` (or ``mixer.long_conv.output``)
+    addressable.
     """
 
     def __init__(
         self,
-        channels: int,
-        l_max: int,
-        order: int,
-        emb_dim: int = 3,
-        learn_positions: bool = False,
-        skip: Literal["identity", "learned"] = "identity",
+        filter: ImplicitFilter | MLPFilter,
+        skip: Literal["identity", "learned", "zeroed"] = "identity",
     ) -> None:
         super().__init__()
-        self.filter = ImplicitFilter(
-            channels, l_max, order, emb_dim=emb_dim, learn_positions=learn_positions
-        )
-        self.D = nn.Parameter(torch.empty(channels)) if skip == "learned" else None
+        self.filter = filter
+        self.skip = skip
+        channels = filter.mlp[-1].out_features
+        self.D = nn.Parameter(torch.empty(channels)) if skip != "identity" else None
+        if skip == "zeroed":
+            mark_inert(self.D)
         self.output = Site()
         self.reset_special()
 
     def reset_special(self) -> None:
         """Init of what the backbone's generic Linear/Embedding init does not touch."""
-        if isinstance(self.filter.z, nn.Parameter):
-            z, _ = positional_features(self.filter.l_max, self.filter.z.shape[-1])
-            with torch.no_grad():
-                self.filter.z.copy_(z)
-        for module in self.filter.mlp:
-            if isinstance(module, Sin):
-                module.reset_parameters()
+        self.filter.reset_special()
         if self.D is not None:
             nn.init.normal_(self.D)
 
@@ -228,5 +267,8 @@ class ImplicitLongConv(nn.Module):
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         y = causal_long_conv(u, self.kernel(u.shape[1]))
-        y = y + (u if self.D is None else u * self.D)
+        if self.D is None:
+            y = y + u
+        else:
+            y = y + u * (self.D if self.skip == "learned" else self.D * 0.0)
         return self.output(y)

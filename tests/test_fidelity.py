@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch import nn
 
+from mecheval.errors import ConfigError
 from mecheval.models import ModelConfig, build_model
 from mecheval.models.backbone import count_parameters
 from mecheval.models.mixers.base import ShortConv
@@ -252,3 +253,34 @@ def test_h3_equals_its_state_recurrence(head_dim: int) -> None:
         mixer.conv.B.normal_()  # a general B, not only the e_1 of the init
     u = torch.randn(2, 23, 8, dtype=torch.float64)
     torch.testing.assert_close(mixer(u), h3_by_recurrence(mixer, u), rtol=1e-9, atol=1e-9)
+
+
+# --- bad input --------------------------------------------------------------------------
+
+
+def test_an_option_the_shape_cannot_take_is_a_config_error_before_anything_is_written(
+    tmp_path,
+) -> None:
+    from typer.testing import CliRunner
+
+    from mecheval.cli import _register, app
+    from mecheval.experiments.grid import SweepSpec
+    from mecheval.experiments.runners import run_sweep
+
+    _register()
+    args = ["train", "--preset", "tiny", "--arch", "h3", "--out", str(tmp_path / "runs")]
+    result = CliRunner().invoke(app, [*args, "--set", "model.mixer.head_dim=3"])
+    # (mecheval's main() turns a ConfigError into its one line and exit status 2)
+    assert isinstance(result.exception, ConfigError)
+    assert str(result.exception) == "model.mixer.head_dim: 3 does not divide model.d_model=16"
+    assert not (tmp_path / "runs").exists()
+    # in a sweep, one bad run stops the sweep before any folder is prepared
+    spec = SweepSpec(
+        name="bad",
+        base={"preset": "tiny", "task": "ar"},
+        grid={"model.architecture": ["attention", "h3"]},
+        per_architecture={"h3": {"model.mixer.head_dim": 3}},
+    )
+    with pytest.raises(ConfigError, match=r"model\.mixer\.head_dim"):
+        run_sweep(spec, tmp_path / "sweeps")
+    assert not (tmp_path / "sweeps").exists()

@@ -22,7 +22,7 @@ from typing import Any
 from mecheval.errors import ConfigError
 from mecheval.experiments.grid import RunSpec, SweepSpec, expand
 from mecheval.models.registry import plugin_paths
-from mecheval.training.config import RunConfig, config_from_data
+from mecheval.training.config import RunConfig, config_from_data, resolve
 from mecheval.training.presets import preset
 from mecheval.training.run import STATUS_FILE, is_finished, read_status
 
@@ -89,6 +89,7 @@ def plan_runs(spec: SweepSpec) -> list[tuple[RunSpec, RunConfig]]:
         architecture = run.overrides.get("model.architecture")
         data = base_data(spec, architecture)
         cfg = config_from_data(data, [*run.override_args(), f"name={run.name}"])
+        resolve(cfg)  # every run's config error now, before any run folder is prepared
         planned.append((run, cfg))
     return planned
 
@@ -223,7 +224,6 @@ def step_seconds(cfg: RunConfig) -> float:
     import torch
 
     from mecheval.models import build_model
-    from mecheval.training.config import resolve
 
     cfg = resolve(cfg)
     threads = torch.get_num_threads()

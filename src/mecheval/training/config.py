@@ -12,11 +12,12 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mecheval.errors import ConfigError, validate
-from mecheval.models import ModelConfig
+from mecheval.models import ModelConfig, build_model
 from mecheval.tasks import TaskConfig, max_length, vocab_size
 from mecheval.training.precision import Precision
 
@@ -132,6 +133,14 @@ def default_name(cfg: RunConfig) -> str:
     return f"{cfg.task.kind}-{m.architecture}-d{m.d_model}-L{m.n_layers}-lr{t.lr:g}-s{t.seed}"
 
 
+def check_buildable(model: ModelConfig) -> None:
+    """Build the model on the meta device (no memory, no arithmetic), so that an option its
+    architecture cannot take with this shape (e.g. an H3 head_dim that does not divide d_model)
+    is a ConfigError when the config is resolved, before any run folder is written."""
+    with torch.device("meta"):
+        build_model(model)
+
+
 def resolve(cfg: RunConfig) -> RunConfig:
     """Fill every unset field that has a derived value, so the dumped config is explicit."""
     if cfg.task.n_train < cfg.training.batch_size and cfg.training.steps is None:
@@ -171,6 +180,7 @@ def resolve(cfg: RunConfig) -> RunConfig:
             "max_len": model.max_len if model.max_len is not None else length,
         }
     )
+    check_buildable(model)
     t = cfg.training
     total = total_steps(cfg)
     # With an explicit step count, epochs would be a misleading number in the dumped config.

@@ -5,8 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 from pydantic import TypeAdapter
+from safetensors import safe_open
+from safetensors.torch import load_file
 
 from mecheval.errors import ConfigError, validate
+from mecheval.io import atomic_save_safetensors
 from mecheval.tasks import (
     ROLES,
     ARConfig,
@@ -43,6 +46,23 @@ def test_cache_reload_equals_build(cfg, tmp_path, monkeypatch):
     _same(built, loaded)
     if cfg.kind == "atr":
         assert loaded["train"].trees.rule_list(0) == built["train"].trees.rule_list(0)
+        # Each expansion's head is drawn at sampling time, so the cache must carry it.
+        assert "trees.heads" in loaded["train"].tensors()
+        assert loaded["train"].trees.head_list(0) == built["train"].trees.head_list(0)
+
+
+def test_atr_cache_without_heads_is_rebuilt(tmp_path):
+    # A file of the same config but without per-expansion heads (as before they were drawn
+    # per expansion) is not trusted, even under the current format version and hash.
+    built = build_datasets(ATR, cache_dir=tmp_path)
+    path = cache_path(ATR, tmp_path)
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+    tensors = {k: v for k, v in load_file(str(path)).items() if not k.endswith("trees.heads")}
+    atomic_save_safetensors(path, tensors, metadata=meta)
+    assert dataset_mod._load(ATR, path) is None
+    _same(built, build_datasets(ATR, cache_dir=tmp_path))
+    assert dataset_mod._load(ATR, path) is not None
 
 
 def test_truncated_cache_is_rebuilt(tmp_path):

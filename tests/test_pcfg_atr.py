@@ -7,6 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from pydantic import ValidationError
 from scipy.stats import chisquare
 
 from mecheval.tasks import (
@@ -19,8 +20,9 @@ from mecheval.tasks import (
     max_length,
     vocab_size,
 )
-from mecheval.tasks.atr import choose_query, held_out_pairs
-from mecheval.tasks.pcfg import Tree, Uniforms, rederive
+from mecheval.tasks.atr import choose_query, generate_atr, held_out_pairs
+from mecheval.tasks.config import MIN_YIELD
+from mecheval.tasks.pcfg import HEAD_SLOT, Tree, Uniforms, rederive, sample_tree
 
 SIZES = dict(n_train=400, n_dev=100, n_test=100)
 
@@ -46,7 +48,7 @@ def test_paper_defaults():
 
 
 @pytest.mark.parametrize("head", ["right", "left"])
-def test_grammar_is_greibach_and_depth_limited(head):
+def test_grammar_is_headed_and_depth_limited(head):
     cfg = ATRConfig(head=head, grammar_seed=3)
     g = build_grammar(cfg)
     n_t = cfg.n_terminals
@@ -59,10 +61,19 @@ def test_grammar_is_greibach_and_depth_limited(head):
         has_deeper = bool((g.depth > g.depth[x]).any())
         for r in rules:
             rhs = g.rhs(r)
-            assert int(g.rule_lhs[r]) == x and 1 <= len(rhs) <= cfg.max_rhs
-            head_sym = rhs[-1] if head == "right" else rhs[0]
-            assert head_sym < n_t and head_sym == int(g.rule_head[r])
-            for s in rhs:
+            # A head slot plus 1..L_max-1 other symbols: never a bare ``X -> a``.
+            assert int(g.rule_lhs[r]) == x and 2 <= len(rhs) <= cfg.max_rhs
+            assert len(rhs) == int(g.rule_len[r]) + 1
+            # One head slot, at the head end; each expansion fills it with a drawn terminal.
+            head_idx = len(rhs) - 1 if head == "right" else 0
+            assert [j for j, s in enumerate(rhs) if s == HEAD_SLOT] == [head_idx]
+            text, slot = g.describe(r), f"<head of N{x}>"
+            if head == "right":
+                assert text.startswith(f"N{x} -> ") and text.endswith(f" {slot}")
+            else:
+                assert text.startswith(f"N{x} -> {slot} ")
+            for s in rhs[:head_idx] + rhs[head_idx + 1 :]:
+                assert 0 <= s < n_t + cfg.n_nonterminals
                 if s >= n_t:
                     # No recursion: nonterminal children are strictly deeper.
                     assert g.depth[s - n_t] > g.depth[x]
@@ -73,17 +84,118 @@ def test_grammar_is_greibach_and_depth_limited(head):
     assert (body < n_t).mean() > 0.3
 
 
-def test_documents_rederive_from_their_trees(parent_data):
-    cfg, g, splits = parent_data
-    for ds in splits.values():
+@pytest.mark.parametrize("grammar_seed", [0, 1, 7])
+def test_rules_have_1_to_max_rhs_minus_1_non_head_symbols(grammar_seed):
+    # tinylang's PCFG draws np.random.randint(1, max_rhs_len) non-head symbols per rule.
+    cfg = ATRConfig(grammar_seed=grammar_seed)
+    g = build_grammar(cfg)
+    n_body = g.rule_len
+    assert n_body.min() == 1 and n_body.max() == cfg.max_rhs - 1  # both extremes occur
+    assert ((g.rule_body >= 0).sum(1) == n_body).all()
+    # Uniform over 1..L_max-1.
+    counts = np.bincount(n_body, minlength=cfg.max_rhs)
+    assert counts[0] == 0
+    assert chisquare(counts[1:]).pvalue > 1e-3
+
+
+def test_shortest_rules_have_exactly_one_non_head_symbol():
+    g = build_grammar(ATRConfig(max_rhs=2))
+    assert (g.rule_len == 1).all()
+    assert all(len(g.rhs(r)) == 2 for r in range(len(g.rule_lhs)))
+
+
+@pytest.mark.parametrize("head", ["right", "left"])
+def test_no_yield_shorter_than_three(head):
+    # tinylang's PCFG.sample rejects len(sentence) < 3.
+    assert MIN_YIELD == 3
+    cfg = ATRConfig(head=head)
+    docs = generate_atr(cfg, "train", 400)
+    n_yield = docs["roles"]["divider"] - 1
+    assert int(n_yield.min()) == 3  # 3 is allowed, and happens
+    assert torch.equal(docs["lengths"], n_yield + 3)
+    with pytest.raises(ValidationError):
+        ATRConfig(max_yield=2)
+
+
+@pytest.mark.parametrize("head", ["right", "left"])
+def test_documents_rederive_from_their_trees(head):
+    cfg = ATRConfig(head=head, **SIZES)
+    g = build_grammar(cfg)
+    for ds in build_datasets(cfg).values():
+        assert ds.trees.heads.shape == ds.trees.rules.shape
         for i in range(len(ds)):
             ys, par = _yield(ds, i), ds.trees.parent_list(i)
-            rules = ds.trees.rule_list(i)
-            # Every recorded production exists and rewrites the leftmost nonterminal.
-            again, again_par = rederive(g, int(ds.trees.start[i]), rules)
+            rules, heads = ds.trees.rule_list(i), ds.trees.head_list(i)
+            # Every recorded production exists and rewrites the leftmost nonterminal, and
+            # its recorded head fills the head slot.
+            again, again_par = rederive(g, int(ds.trees.start[i]), rules, heads)
             assert again == ys and again_par == par
             assert sum(p < 0 for p in par) == 1  # n - 1 edges
             assert len(ys) <= cfg.max_yield
+            # The root expansion's head is the root of the tree.
+            assert ys[par.index(-1)] == heads[0]
+
+
+def test_rederive_needs_the_recorded_heads(parent_data):
+    cfg, g, splits = parent_data
+    ds = splits["train"]
+    start, rules, heads = int(ds.trees.start[0]), ds.trees.rule_list(0), ds.trees.head_list(0)
+    ys, _ = rederive(g, start, rules, heads)
+    other = [(h + 1) % cfg.n_terminals for h in heads]
+    assert rederive(g, start, rules, other)[0] != ys  # heads are not implied by the rules
+    with pytest.raises(ValueError, match="heads"):
+        rederive(g, start, rules, heads[:-1])
+    with pytest.raises(ValueError, match="not a terminal"):
+        rederive(g, start, rules, [cfg.n_terminals] + heads[1:])
+
+
+def test_same_rule_draws_different_heads(parent_data):
+    # tinylang's PCFG._sample draws the head from head_probs[X] at every expansion of X, so
+    # one rule is seen with several heads across (and within) documents.
+    cfg, g, splits = parent_data
+    heads_of: dict[int, set[int]] = {}
+    for ds in splits.values():
+        for r, h in zip(ds.trees.rules.tolist(), ds.trees.heads.tolist(), strict=True):
+            heads_of.setdefault(r, set()).add(h)
+    used = {r: hs for r, hs in heads_of.items() if len(hs) > 1}
+    # Most rules applied often enough show several heads.
+    assert len(used) > len(heads_of) / 2
+    # ... and each expansion's head is the terminal at its slot (checked by rederive above).
+
+
+@pytest.mark.parametrize("head", ["right", "left"])
+def test_expansion_heads_follow_head_probs(head):
+    cfg = ATRConfig(head=head)
+    g = build_grammar(cfg)
+    draw = Uniforms(np.random.default_rng(11))
+    n_t = cfg.n_terminals
+    counts = np.zeros((cfg.n_nonterminals, n_t), dtype=np.int64)
+    rule_counts = np.zeros(len(g.rule_lhs), dtype=np.int64)
+    for k in range(8000):
+        tree = sample_tree(g, draw, k % cfg.n_nonterminals, cfg.max_yield)
+        for r, h in zip(tree.rules, tree.heads, strict=True):
+            counts[int(g.rule_lhs[r]), h] += 1
+            rule_counts[r] += 1
+    # The three most expanded nonterminals: head frequencies match head_probs[X]. Bins with
+    # expected counts under 5 are pooled.
+    for x in np.argsort(-counts.sum(1))[:3]:
+        n = counts[x].sum()
+        assert n >= 1000
+        exp = n * g.head_probs[x]
+        small = exp < 5
+        obs_b = np.append(counts[x][~small], counts[x][small].sum())
+        exp_b = np.append(exp[~small], exp[small].sum())
+        if not small.any():
+            obs_b, exp_b = obs_b[:-1], exp_b[:-1]
+        assert chisquare(obs_b, exp_b).pvalue > 1e-4, (x, counts[x], exp)
+        # More distinct heads than X has rules: heads are not tied to rules.
+        assert (counts[x] > 0).sum() > len(g.rules_of(int(x)))
+    # Rule frequencies still follow rule_prob (one uniform for the rule, one for the head).
+    for x in np.argsort(-counts.sum(1))[:3]:
+        rs = g.rules_of(int(x))
+        if len(rs) > 1:
+            obs = rule_counts[rs]
+            assert chisquare(obs, obs.sum() * g.rule_prob[rs]).pvalue > 1e-4
 
 
 def test_depth_limit_holds():
@@ -105,7 +217,8 @@ def test_depth_limit_holds():
 def test_max_yield_rejects_long_samples():
     cfg = ATRConfig(max_yield=6, n_train=200, n_dev=1, n_test=1)
     ds = build_datasets(cfg)["train"]
-    assert int((ds.roles["divider"] - 1).max()) <= 6
+    n_yield = ds.roles["divider"] - 1
+    assert int(n_yield.max()) <= 6 and int(n_yield.min()) >= MIN_YIELD
     assert ds.tokens.shape[1] <= max_length(cfg)
 
 
@@ -158,7 +271,7 @@ def test_queries_weighted_inversely_by_child_count():
     # 2, 5; of 7: 4, 6, 8; of 5: 3; of 8: 9. Each parent should be drawn equally often.
     ys = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
     par = [9, 9, 9, 5, 7, 9, 7, -1, 7, 8]
-    tree = Tree(start=0, terminals=ys, parents=par, rules=[])
+    tree = Tree(start=0, terminals=ys, parents=par, rules=[], heads=[])
     draw = Uniforms(np.random.default_rng(1234))
     n = 24_000
     counts = Counter(choose_query(tree, "parent", draw)[0] for _ in range(n))
@@ -175,7 +288,7 @@ def test_queries_weighted_inversely_by_child_count():
 
 def test_only_rightmost_instances_are_eligible():
     # Terminal 4 occurs at 0 and 2: only position 2 may be queried.
-    tree = Tree(start=0, terminals=[4, 5, 4, 6], parents=[3, 3, 3, -1], rules=[])
+    tree = Tree(start=0, terminals=[4, 5, 4, 6], parents=[3, 3, 3, -1], rules=[], heads=[])
     draw = Uniforms(np.random.default_rng(0))
     picks = {choose_query(tree, "parent", draw)[0] for _ in range(200)}
     assert picks == {1, 2}

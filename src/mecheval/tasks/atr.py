@@ -3,14 +3,15 @@
 A document is ``<bos> yield... <div> [qtype] q`` with answer ``a``, where ``yield`` is a PCFG
 sample and (q, a) one relation of its derivation tree:
 
-* ``parent``: a is q's parent, the head terminal of the rule that generated q (or q's phrase);
+* ``parent``: a is q's parent, the head terminal of the expansion that generated q (or q's
+  phrase);
 * ``grandparent``: the parent of q's parent;
 * ``sibling``: the *rightmost* child of q's parent (App. D.5), which is q itself when q is
   that parent's rightmost child.
 
 The start symbol is a nonterminal drawn uniformly ("an iid nonterminal", §5.1). Yields over
-``max_yield`` symbols are rejected, and so are documents without an eligible query (e.g. a
-one-symbol yield has no edge).
+``max_yield`` or under :data:`MIN_YIELD` (3) symbols are rejected, as in the paper's code
+(tinylang ``PCFG.sample``), and so are documents without an eligible query.
 
 A query names a terminal and refers to its rightmost instance in the yield, so only children
 that are the rightmost instance of their terminal are eligible. Queries are weighted inversely
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mecheval.tasks.config import QUERY_TYPES, ATRConfig
+from mecheval.tasks.config import MIN_YIELD, QUERY_TYPES, ATRConfig
 from mecheval.tasks.pcfg import Grammar, Tree, Uniforms, build_grammar, sample_tree
 from mecheval.tasks.vocab import BOS, DIV, N_SPECIAL
 
@@ -49,7 +50,8 @@ class ATRTrees:
     parents: torch.Tensor  # [sum n] parent yield position of each yield symbol, -1 at the root
     yield_offsets: torch.Tensor  # [N + 1]
     rules: torch.Tensor  # [sum m] rules in leftmost-derivation order
-    rule_offsets: torch.Tensor  # [N + 1]
+    heads: torch.Tensor  # [sum m] head terminal each of those expansions drew
+    rule_offsets: torch.Tensor  # [N + 1], for ``rules`` and ``heads`` alike
 
     def parent_list(self, i: int) -> list[int]:
         a, b = int(self.yield_offsets[i]), int(self.yield_offsets[i + 1])
@@ -59,12 +61,17 @@ class ATRTrees:
         a, b = int(self.rule_offsets[i]), int(self.rule_offsets[i + 1])
         return self.rules[a:b].tolist()
 
+    def head_list(self, i: int) -> list[int]:
+        a, b = int(self.rule_offsets[i]), int(self.rule_offsets[i + 1])
+        return self.heads[a:b].tolist()
+
     def tensors(self) -> dict[str, torch.Tensor]:
         return {
             "start": self.start,
             "parents": self.parents,
             "yield_offsets": self.yield_offsets,
             "rules": self.rules,
+            "heads": self.heads,
             "rule_offsets": self.rule_offsets,
         }
 
@@ -140,7 +147,7 @@ def generate_atr(cfg: ATRConfig, split: str, n: int, grammar: Grammar | None = N
                 f"after {attempts} samples; the grammar may be too small for this query/split"
             )
         tree = sample_tree(g, draw, draw.below(g.n_nonterminals), cfg.max_yield)
-        if tree is None or len(tree.terminals) < 2:
+        if tree is None or len(tree.terminals) < MIN_YIELD:
             continue
         q = draw.below(len(types))
         pick = choose_query(tree, types[q], draw, held, want_held=split == "test")
@@ -182,6 +189,7 @@ def generate_atr(cfg: ATRConfig, split: str, n: int, grammar: Grammar | None = N
         parents=torch.tensor([p for t, *_ in docs for p in t.parents], dtype=torch.long),
         yield_offsets=torch.from_numpy(np.concatenate([[0], np.cumsum(n_yield)])),
         rules=torch.tensor([r for t, *_ in docs for r in t.rules], dtype=torch.long),
+        heads=torch.tensor([h for t, *_ in docs for h in t.heads], dtype=torch.long),
         rule_offsets=torch.from_numpy(
             np.concatenate([[0], np.cumsum([len(t.rules) for t, *_ in docs], dtype=np.int64)])
         ),

@@ -9,6 +9,10 @@ from pydantic_core import PydanticCustomError
 
 QUERY_TYPES: tuple[str, ...] = ("parent", "sibling", "grandparent")
 
+#: ATR documents whose yield has fewer terminals than this are rejected, as in the paper's
+#: code (tinylang ``PCFG.sample``: ``len(sentence) < 3``).
+MIN_YIELD = 3
+
 
 def _range(msg: str, got: object) -> PydanticCustomError:
     # A custom error keeps pydantic's "Value error, " prefix out of the one-line message;
@@ -97,20 +101,26 @@ class ARConfig(_Splits):
 
 
 class ATRConfig(_Splits):
-    """Associative treecall over a PCFG in (right-)Greibach normal form (§5.1, Appendix B)."""
+    """Associative treecall over a random head-marked PCFG (§5.1, Appendix B; see pcfg.py)."""
 
     kind: Literal["atr"] = "atr"
     grammar_seed: int = Field(0, ge=0, description="seed of the one PCFG shared by an experiment")
     head: Literal["right", "left"] = Field("right", description="H: head terminal position")
     max_depth: int = Field(10, ge=1, description="d_max: depth scores are drawn from 1..d_max")
-    max_rhs: int = Field(5, ge=2, description="L_max: most symbols on a rule's right-hand side")
+    max_rhs: int = Field(
+        5, ge=2, description="L_max: most symbols on a rule's right-hand side, head included"
+    )
     max_rules: int = Field(5, ge=1, description="R_max: most rules per nonterminal")
     n_nonterminals: int = Field(40, ge=1, description="|N|")
     n_terminals: int = Field(20, ge=2, description="|Σ|")
     terminal_weight: float = Field(
         20.0, gt=0, description="r_Σ: weight of the terminal class vs 1 per allowed nonterminal"
     )
-    max_yield: int = Field(1024, ge=2, description="yields longer than this are rejected")
+    max_yield: int = Field(
+        1024,
+        ge=MIN_YIELD,
+        description=f"yields longer than this are rejected (and shorter than {MIN_YIELD})",
+    )
     query: Literal["parent", "sibling", "grandparent", "mixed"] = Field(
         "parent", description="relation asked about; 'mixed' adds a query-type token"
     )

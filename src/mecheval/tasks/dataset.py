@@ -29,9 +29,11 @@ from mecheval.tasks.pcfg import build_grammar
 from mecheval.tasks.vocab import token_names
 
 #: Bump when generation changes, so stale caches are never reused.
-FORMAT_VERSION = 1
+#: 2: rules are a head slot plus 1..L_max-1 symbols, yields under 3 symbols are rejected,
+#: heads are drawn per expansion and stored with the trees (``trees.heads``).
+FORMAT_VERSION = 2
 SPLITS = ("train", "dev", "test")
-_TREE_FIELDS = ("start", "parents", "yield_offsets", "rules", "rule_offsets")
+_TREE_FIELDS = ("start", "parents", "yield_offsets", "rules", "heads", "rule_offsets")
 
 
 @dataclass
@@ -134,6 +136,8 @@ class TaskDataset:
             if int(self.trees.yield_offsets[-1]) != self.trees.parents.numel():
                 raise ValueError("trees")
             if int(self.trees.rule_offsets[-1]) != self.trees.rules.numel():
+                raise ValueError("trees")
+            if self.trees.heads.shape != self.trees.rules.shape:
                 raise ValueError("trees")
 
 

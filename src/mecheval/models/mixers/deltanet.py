@@ -19,7 +19,9 @@ Heads: fla's layer defaults to 4, but the paper's code builds it with ``num_head
 ``n_head: 1``, so ``num_heads`` defaults to 1 here; ``num_heads: 4`` gives fla's default.
 
 The forward pass uses the chunked parallel form (:func:`delta_rule_chunked`); the step-by-step
-:func:`delta_rule_recurrent` is the specification it is tested against.
+:func:`delta_rule_recurrent` computes the same function one step at a time (for debugging and
+the state interface). Both, and the whole layer, are tested against a delta rule and a layer
+written out independently in tests/test_references.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: setup quick test lint clean
+.PHONY: setup quick test lint mutants clean
 
 # Two stamps: the quick run needs mecheval alone; the tests also need the dev and ray extras
 # (scipy, pytest, ruff, Ray), which would add a good part of the install to `make quick`.
@@ -28,8 +28,13 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts
+
+# Named mutants of the core (scripts/mutants.py): each must make its tests fail. Minutes; not
+# part of `make test`.
+mutants: setup
+	$(BIN)/python scripts/mutants.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

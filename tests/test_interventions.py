@@ -4,15 +4,19 @@ architecture in the registry."""
 
 from __future__ import annotations
 
+import contextlib
+
+import numpy as np
 import pytest
 import torch
 
-from mecheval.interventions import interchange, naive_interchange, patch, record
+from mecheval.interventions import engine, interchange, patch, record
 from mecheval.interventions.engine import answer_scores
 from mecheval.models import ARCHITECTURES, ModelConfig, build_model, site_names
 from mecheval.models.mixers.base import Mixer, ShortConv
 from mecheval.models.sites import name_sites
 from mecheval.tasks import ARConfig, ATRConfig, build_datasets, corrupt, vocab_size
+from mecheval.tasks.batch import Batch
 
 AR = ARConfig(kind="ar", n_keys=8, n_values=8, n_pairs=3, n_train=0, n_dev=5, n_test=5)
 
@@ -91,42 +95,146 @@ def test_patching_after_the_query_changes_nothing(arch: str) -> None:
             assert torch.equal(p_answer(model, longer), reference), site
 
 
+# The engine-vs-naive comparisons run where every patch matters. At the default init
+# (0.02, float32) a patch moves p(answer) by as little as 4e-9 (BaseConv) to 2e-6 (H3) on these
+# tiny untrained models -- below the comparison's own tolerance, so an engine that patches
+# nothing passed. In float64 with init_std 0.5 the rows that must move (MUST_MOVE below) move by
+# at least 4e-3 relative on every architecture (Mamba and attention are the weakest; Mamba's
+# init keeps its Linears at PyTorch's default and uses init_std for the embeddings only), and
+# the engine and the naive loop agree to the last bit of the float32 p(answer).
+SIGNAL_INIT_STD = 0.5
+#: relative tolerance of engine vs naive loop (p(answer) is float32: ~16 ulps)
+AGREE_RTOL = 1e-6
+#: the least relative change of p(answer) a row that must move may show (1000 x AGREE_RTOL)
+MUST_MOVE = 1e-3
+ATR = ATRConfig(kind="atr", n_train=0, n_dev=6, n_test=6)
+CASES = [*sorted(ARCHITECTURES), "based-atr"]
+
+
+def signal_model(arch: str, cfg=AR, max_len: int = 16, seed: int = 0):
+    torch.manual_seed(seed)
+    model_cfg = ModelConfig(
+        architecture=arch,
+        d_model=16,
+        vocab_size=vocab_size(cfg),
+        max_len=max_len,
+        init_std=SIGNAL_INIT_STD,
+    )
+    return build_model(model_cfg).double().eval()
+
+
+def signal_case(case: str):
+    """(model, original, corrupted): AR for an architecture; "based-atr" is Based on
+    variable-length ATR documents (right-padded batch, role positions differ per document)."""
+    if case != "based-atr":
+        original, corrupted = ar_pair(n=4)
+        return signal_model(case), original, corrupted
+    original = build_datasets(ATR)["dev"].batch(torch.arange(6))
+    assert original.lengths.min() < original.lengths.max()  # real padding in the batch
+    corrupted = corrupt(original, ATR, seed=1)
+    return signal_model("based", cfg=ATR, max_len=original.tokens.shape[1]), original, corrupted
+
+
+def _rows(result, batch: Batch, site: str, at: str, same: bool):
+    """per_example rows of ``site`` whose role position is (``same``) or is not the position
+    of role ``at`` in the same document."""
+    rows = result.per_example[result.per_example.site == site]
+    pos = {role: batch.roles[role].numpy() for role in rows.role.unique()}
+    role_pos = [pos[role][doc] for role, doc in zip(rows.role, rows.doc, strict=True)]
+    hit = np.array(role_pos) == batch.roles[at].numpy()[rows.doc.to_numpy()]
+    return rows[hit if same else ~hit]
+
+
+def assert_restores_where_it_must(result, model, original: Batch) -> None:
+    """(b) Rows that must move: restoring the key at ``layers.0.input`` (the one position
+    where o and c differ, before any mixing) or the query at the last block's output /
+    ``final_norm.input`` (everything the answer is read from) gives p(y|o) -- and p(y|o) is
+    at least MUST_MOVE away from p(y|c) in every document. (c) Rows that must not move:
+    ``layers.0.input`` at any other position holds the same embedding in o and c, and
+    nothing but the query position reaches the answer from the last block's output on:
+    those rows are p(y|c) exactly."""
+    last = [f"layers.{len(model.layers) - 1}.output", "final_norm.input"]
+    checks = [("layers.0.input", "key"), *((site, "query") for site in last)]
+    sites = set(result.per_example.site)
+    checked = 0
+    for site, at in checks:
+        if site not in sites:
+            continue
+        must = _rows(result, original, site, at, same=True)
+        restored, orig, corr = (
+            torch.tensor(must[col].to_numpy()) for col in ("restored", "original", "corrupted")
+        )
+        moved = (restored - corr).abs() / torch.maximum(restored, corr)
+        assert len(must) and bool((moved >= MUST_MOVE).all()), (
+            f"{site} at the {at}: restored must move >= {MUST_MOVE:.0e} (relative) from the "
+            f"corrupted, moved {moved.min().item():.2e}"
+        )
+        torch.testing.assert_close(
+            restored, orig, rtol=AGREE_RTOL, atol=0.0, msg=lambda m, s=site, a=at: f"{s}/{a}: {m}"
+        )
+        still = _rows(result, original, site, at, same=False)
+        assert len(still) and (still.restored == still.corrupted).all(), (
+            f"{site} away from the {at}: restored must equal the corrupted exactly"
+        )
+        checked += 1
+    assert checked, "none of the sites that must move were run"
+
+
+def assert_engine_equals_naive(model, original: Batch, corrupted: Batch, sites=None, roles=None):
+    """The batched engine (several chunks per site) against the one-forward-per-patch loop:
+    (a) the same rows and the same values to AGREE_RTOL, then (b)/(c) on both results."""
+    fast = engine.interchange(model, original, corrupted, sites=sites, roles=roles, max_batch=4)
+    slow = engine.naive_interchange(model, original, corrupted, sites=sites, roles=roles)
+    keys = ["condition", "site", "role", "metric"]
+    table = fast.table.merge(slow.table, on=keys, how="outer", suffixes=("_fast", "_slow"))
+    assert len(table) == len(fast.table) == len(slow.table), "the two report different rows"
+    examples = fast.per_example.merge(
+        slow.per_example, on=["doc", "site", "role"], how="outer", suffixes=("_fast", "_slow")
+    )
+    assert len(examples) == len(fast.per_example) == len(slow.per_example) > 0
+    for frame, column in [(examples, "restored"), (examples, "original"), (table, "value")]:
+        torch.testing.assert_close(
+            torch.tensor(frame[f"{column}_fast"].to_numpy(), dtype=torch.float64),
+            torch.tensor(frame[f"{column}_slow"].to_numpy(), dtype=torch.float64),
+            rtol=AGREE_RTOL,
+            atol=1e-12,
+            msg=lambda m, column=column: f"engine and naive loop disagree on {column}: {m}",
+        )
+    assert_restores_where_it_must(slow, model, original)
+    assert_restores_where_it_must(fast, model, original)
+    return fast, slow
+
+
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
 def test_batched_equals_naive_loop(arch: str) -> None:
-    model = tiny(arch)
-    original, corrupted = ar_pair(n=3)
-    fast = interchange(model, original, corrupted, max_batch=4)  # several chunks per site
-    slow = naive_interchange(model, original, corrupted)
-    assert list(fast.table.site) == list(slow.table.site)
-    assert list(fast.table.role) == list(slow.table.role)
-    torch.testing.assert_close(
-        torch.tensor(fast.table.value.values),
-        torch.tensor(slow.table.value.values),
-        rtol=1e-5,
-        atol=1e-6,
-    )
-    torch.testing.assert_close(
-        torch.tensor(fast.per_example.restored.values, dtype=torch.float64),
-        torch.tensor(slow.per_example.restored.values, dtype=torch.float64),
-        rtol=1e-5,
-        atol=1e-6,
-    )
+    assert_engine_equals_naive(*signal_case(arch))
 
 
 def test_batched_equals_naive_on_variable_length_atr() -> None:
-    cfg = ATRConfig(kind="atr", n_train=0, n_dev=6, n_test=6)
-    original = build_datasets(cfg)["dev"].batch(torch.arange(6))
-    assert original.lengths.min() < original.lengths.max()  # real padding in the batch
-    corrupted = corrupt(original, cfg, seed=1)
-    model = tiny("based", cfg=cfg, max_len=original.tokens.shape[1])
-    fast = interchange(model, original, corrupted, roles=["key", "value", "query"])
-    slow = naive_interchange(model, original, corrupted, roles=["key", "value", "query"])
-    torch.testing.assert_close(
-        torch.tensor(fast.table.value.values),
-        torch.tensor(slow.table.value.values),
-        rtol=1e-5,
-        atol=1e-6,
-    )
+    assert_engine_equals_naive(*signal_case("based-atr"))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_comparison_fails_when_the_engine_patches_nothing(case: str, monkeypatch) -> None:
+    real = engine.interchange
+
+    def patches_nothing(*args, **kwargs):
+        # Only inside the engine: naive_interchange shares the module's `patch` and keeps it.
+        with monkeypatch.context() as m:
+            m.setattr(engine, "patch", lambda *a, **k: contextlib.nullcontext())
+            # No direct overwrite of a cached tensor either: every row is a plain forward.
+            m.setattr(engine, "_restart", lambda model, site: ("", 0, False))
+            return real(*args, **kwargs)
+
+    model, original, corrupted = signal_case(case)
+    sites = ["layers.0.input", "final_norm.input"]
+    monkeypatch.setattr(engine, "interchange", patches_nothing)
+    with pytest.raises(AssertionError, match="engine and naive loop disagree on restored"):
+        assert_engine_equals_naive(model, original, corrupted, sites=sites)
+    with pytest.raises(AssertionError, match="must move"):
+        assert_restores_where_it_must(
+            engine.interchange(model, original, corrupted, sites=sites), model, original
+        )
 
 
 class ConvMixer(Mixer):

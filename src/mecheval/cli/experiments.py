@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -14,6 +14,10 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 
 from mecheval.cli import app
 from mecheval.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mecheval.experiments.catalog import Experiment
+    from mecheval.experiments.grid import SweepSpec
 
 Workers = Annotated[int, typer.Option(help="local worker processes (torch threads split)")]
 Backend = Annotated[str, typer.Option(help="local | ray")]
@@ -186,21 +190,48 @@ def reproduce_command(
         str | None,
         typer.Option(help="comma-separated architectures instead of the paper's seven"),
     ] = None,
+    widths: Annotated[
+        str | None,
+        typer.Option(
+            help="comma-separated model widths: run only these of the grid's "
+            "(paper: 16,32,64,128,256; quick and tiny have one width, 64 and 16)",
+        ),
+    ] = None,
+    lrs: Annotated[
+        str | None,
+        typer.Option(
+            help="comma-separated peak LRs: run only these of the grid's, compared as numbers "
+            "(1e-3 = 0.001); at quick and tiny, where the LR is not swept, only the one LR "
+            "the runs use (quick AR tunes it per architecture: choose one with --archs)",
+        ),
+    ] = None,
+    seeds: Annotated[
+        str | None,
+        typer.Option(
+            help="comma-separated training seeds: the paper trains one seed (0) per "
+            "configuration; other seeds add a seed axis (run names then end in -sN)",
+        ),
+    ] = None,
     group_size: GroupSize = None,
     device: Device = None,
     compile_: Compile = False,
     quiet: Quiet = False,
 ) -> None:
-    """Run a registered paper experiment: sweep, interventions, report; print its table."""
-    from mecheval.experiments.catalog import get_experiment, list_experiments
+    """Run a registered paper experiment: sweep, interventions, report; print its table.
+
+    --widths, --lrs and --seeds run a slice of the experiment's grid at --preset (a value
+    not in it is an error; nothing is written). The slice trains into the experiment's own
+    folder, OUT/<experiment>-<preset>/, under the run names of the full grid, so a later
+    full run (or another slice) skips the finished runs; the report covers every run in
+    that folder.
+    """
+    from mecheval.experiments.catalog import list_experiments
 
     if list_ or name is None:
         for e in list_experiments():
             typer.echo(f"{e.name:<18} {e.description}  [figures: {', '.join(e.figures)}]")
         return
-    experiment = get_experiment(name)
-    chosen = [a.strip() for a in archs.split(",") if a.strip()] if archs is not None else None
-    spec = experiment.sweep(preset, chosen)
+    experiment, spec = reproduce_spec(name, preset, archs, widths, lrs, seeds)
     _run(
         spec,
         out,
@@ -214,6 +245,44 @@ def reproduce_command(
         runtime_overrides(device, compile_),
     )
     _report(out / spec.name, experiment.figures)
+
+
+def parse_values(flag: str, text: str | None, kind: type) -> list | None:
+    """``"1e-3, 3e-4"`` -> ``[0.001, 0.0003]`` for ``kind=float``; None stays None."""
+    if text is None:
+        return None
+    what = "integers" if kind is int else "numbers"
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    try:
+        values = [kind(t) for t in items]
+    except ValueError:
+        values = []
+    if not values or len(values) != len(items):
+        raise ConfigError(f"{flag}: expected comma-separated {what}, got {text!r}")
+    return values
+
+
+def reproduce_spec(
+    name: str,
+    preset: str,
+    archs: str | None = None,
+    widths: str | None = None,
+    lrs: str | None = None,
+    seeds: str | None = None,
+) -> tuple[Experiment, SweepSpec]:
+    """The experiment ``name`` and the sweep ``reproduce`` runs for these option strings."""
+    from mecheval.experiments.catalog import get_experiment
+
+    experiment = get_experiment(name)
+    chosen = [a.strip() for a in archs.split(",") if a.strip()] if archs is not None else None
+    spec = experiment.sweep(
+        preset,
+        chosen,
+        widths=parse_values("--widths", widths, int),
+        lrs=parse_values("--lrs", lrs, float),
+        seeds=parse_values("--seeds", seeds, int),
+    )
+    return experiment, spec
 
 
 def _report(experiment_dir: Path, figures: tuple[str, ...]) -> None:

@@ -8,10 +8,7 @@ import torch
 
 from mecheval.errors import ConfigError
 from mecheval.models import ARCHITECTURES, ModelConfig, build_model
-from mecheval.models.check import CHECKS, CheckFailed, run_checks
-from mecheval.models.mixers.base import Mixer
-from mecheval.models.registry import architecture
-from mecheval.models.sites import Site
+from mecheval.models.check import CHECKS, run_checks
 
 VOCAB = 23
 MAX_LEN = 48
@@ -85,76 +82,7 @@ def test_unknown_mixer_option_names_the_field() -> None:
         make("attention", mixer={"bogus": 1})
 
 
-# ---------------------------------------------------------------- the checks catch bad mixers
-
-
-class _Linear(Mixer):
-    def __init__(self, d_model: int, options: object) -> None:
-        super().__init__()
-        self.proj = torch.nn.Linear(d_model, d_model)
-
-
-class _Peeks(_Linear):
-    """Sees the future: a reversed cumulative sum."""
-
-    def mix(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x.flip(1).cumsum(1).flip(1))
-
-
-class _MixesTheBatch(_Linear):
-    def mix(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x.cumsum(1) + x.mean(0))
-
-
-class _DeadParameter(_Linear):
-    def __init__(self, d_model: int, options: object) -> None:
-        super().__init__(d_model, options)
-        self.unused = torch.nn.Parameter(torch.ones(d_model))
-
-    def mix(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x.cumsum(1))
-
-
-class _ChannelsFirstSite(_Linear):
-    def __init__(self, d_model: int, options: object) -> None:
-        super().__init__(d_model, options)
-        self.state = Site()
-
-    def mix(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(self.state(x.cumsum(1).transpose(1, 2)).transpose(1, 2))
-
-
-@pytest.fixture
-def broken_architectures():
-    mixers = {
-        "test-peeks": _Peeks,
-        "test-mixes-batch": _MixesTheBatch,
-        "test-dead-parameter": _DeadParameter,
-        "test-channels-first-site": _ChannelsFirstSite,
-    }
-    for name, cls in mixers.items():
-        architecture(name)(cls)
-    yield
-    for name in mixers:
-        del ARCHITECTURES[name]
-
-
-@pytest.mark.parametrize(
-    "arch, check, needle",
-    [
-        ("test-peeks", "causality", "changed by"),
-        ("test-mixes-batch", "batch-independence", "depend on its batch"),
-        ("test-dead-parameter", "gradients", "unused"),
-        ("test-channels-first-site", "sites", "mixer.state"),
-    ],
-)
-def test_each_check_fails_on_a_mixer_that_breaks_it(
-    broken_architectures, arch: str, check: str, needle: str
-) -> None:
-    with pytest.raises(CheckFailed, match=needle):
-        CHECKS[check](arch, None)
-    failed = [r.name for r in run_checks(arch) if not r.passed]
-    assert check in failed
+# A mixer that breaks each check: tests/test_contract_breakers.py.
 
 
 def test_a_good_mixer_passes_every_check_including_the_engine() -> None:

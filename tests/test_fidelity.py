@@ -284,3 +284,21 @@ def test_an_option_the_shape_cannot_take_is_a_config_error_before_anything_is_wr
     with pytest.raises(ConfigError, match=r"model\.mixer\.head_dim"):
         run_sweep(spec, tmp_path / "sweeps")
     assert not (tmp_path / "sweeps").exists()
+
+
+def test_a_task_longer_than_a_mixer_can_take_is_a_config_error() -> None:
+    from mecheval.training.config import config_from_data, resolve
+    from mecheval.training.presets import preset
+
+    # The default ATR documents fit the paper's 1024 positions, so every mixer takes them ...
+    for arch in ("hyena", "baseconv"):
+        resolve(config_from_data(preset("tiny", "atr", arch), []))
+    # ... a longer yield does not fit Hyena's or BaseConv's implicit filter (l_max 1024).
+    for arch in ("hyena", "baseconv"):
+        cfg = config_from_data(preset("tiny", "atr", arch), ["task.max_yield=1024"])
+        with pytest.raises(
+            ConfigError, match=r"model\.mixer\.l_max: 1024 is shorter .*\(1027 tokens\)"
+        ):
+            resolve(cfg)
+    # attention has no such limit
+    resolve(config_from_data(preset("tiny", "atr", "attention"), ["task.max_yield=1024"]))

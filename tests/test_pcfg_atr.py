@@ -42,8 +42,10 @@ def test_paper_defaults():
     cfg = ATRConfig()
     assert (cfg.head, cfg.max_depth, cfg.max_rhs, cfg.max_rules) == ("right", 10, 5, 5)
     assert (cfg.n_nonterminals, cfg.n_terminals, cfg.terminal_weight) == (40, 20, 20)
-    assert cfg.max_yield == 1024 and cfg.query == "parent"
-    assert vocab_size(cfg) == 23 and max_length(cfg) == 1027
+    # yields up to 1020 symbols: a whole document fits the paper models' 1024 positions
+    assert cfg.max_yield == 1020 and cfg.query == "parent"
+    assert vocab_size(cfg) == 23 and max_length(cfg) == 1023
+    assert max_length(ATRConfig(query="mixed")) == 1024
     assert vocab_size(ATRConfig(query="mixed")) == 26
 
 

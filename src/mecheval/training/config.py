@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mecheval.errors import ConfigError, validate
 from mecheval.models import ModelConfig, build_model
+from mecheval.models.mixers.base import Mixer
 from mecheval.tasks import TaskConfig, max_length, vocab_size
 from mecheval.training.precision import Precision
 
@@ -133,12 +134,20 @@ def default_name(cfg: RunConfig) -> str:
     return f"{cfg.task.kind}-{m.architecture}-d{m.d_model}-L{m.n_layers}-lr{t.lr:g}-s{t.seed}"
 
 
-def check_buildable(model: ModelConfig) -> None:
+def check_buildable(model: ModelConfig, length: int) -> None:
     """Build the model on the meta device (no memory, no arithmetic), so that an option its
-    architecture cannot take with this shape (e.g. an H3 head_dim that does not divide d_model)
-    is a ConfigError when the config is resolved, before any run folder is written."""
+    architecture cannot take with this shape (e.g. an H3 head_dim that does not divide d_model),
+    or a mixer that cannot take the task's ``length``-token documents, is a ConfigError when
+    the config is resolved, before any run folder is written."""
     with torch.device("meta"):
-        build_model(model)
+        built = build_model(model)
+    limits = [m.max_length() for m in built.modules() if isinstance(m, Mixer)]
+    shortest = min((n for n in limits if n is not None), default=None)
+    if shortest is not None and shortest < length:
+        raise ConfigError(
+            f"model.mixer.l_max: {shortest} is shorter than the task's longest document "
+            f"({length} tokens); lower the task's document length or raise l_max"
+        )
 
 
 def resolve(cfg: RunConfig) -> RunConfig:
@@ -180,7 +189,7 @@ def resolve(cfg: RunConfig) -> RunConfig:
             "max_len": model.max_len if model.max_len is not None else length,
         }
     )
-    check_buildable(model)
+    check_buildable(model, length)
     t = cfg.training
     total = total_steps(cfg)
     # With an explicit step count, epochs would be a misleading number in the dumped config.

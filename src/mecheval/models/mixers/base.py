@@ -44,6 +44,11 @@ class Mixer(nn.Module):
         """Re-initialise parameters whose init is part of the architecture (after the generic
         normal(0.02) init of every Linear and Embedding). Default: nothing special."""
 
+    def max_length(self) -> int | None:
+        """The longest sequence this mixer can take (e.g. an implicit filter's l_max); None
+        for any length. Checked against the task's longest document when a config resolves."""
+        return None
+
 
 class ShortConv(nn.Module):
     """Causal depthwise 1-D convolution over time, [B, T, C] -> [B, T, C].

@@ -83,6 +83,9 @@ class BaseConv(Mixer):
         else:
             self.conv.reset_special()
 
+    def max_length(self) -> int | None:
+        return self.conv.filter.l_max if isinstance(self.conv, ImplicitLongConv) else None
+
     def mix(self, u: torch.Tensor) -> torch.Tensor:
         u_conv = self.conv(u)
         u_proj = self.projection(u)

@@ -80,6 +80,9 @@ class Hyena(Mixer):
         self.conv.reset_parameters()
         self.long_conv.reset_special()
 
+    def max_length(self) -> int:
+        return self.long_conv.filter.l_max
+
     def mix(self, u: torch.Tensor) -> torch.Tensor:
         x1, x2, v = self.conv(self.in_proj(u)).split(self.d_model, dim=-1)
         return self.out_proj(x2 * self.long_conv(x1 * v))

@@ -7,6 +7,9 @@ import sys
 
 import pandas as pd
 import pytest
+import torch
+from safetensors.torch import save_file
+from test_mechanism_labels import D, P, hand_built_induction
 from typer.testing import CliRunner
 
 from mecheval.cli import _register, app, main
@@ -14,9 +17,10 @@ from mecheval.experiments.grid import SweepSpec
 from mecheval.experiments.mechanisms import EmergenceCallback, intervene_run
 from mecheval.experiments.runners import InterventionPlan, run_sweep
 from mecheval.experiments.store import load_results
+from mecheval.models import build_model
 from mecheval.report import FIGURES, normalise
 from mecheval.training.config import config_from_data
-from mecheval.training.run import load_run, train
+from mecheval.training.run import MODEL_FILE, load_run, train
 
 BASE = {
     "task": {
@@ -40,8 +44,28 @@ def trained_run(tmp_path, callbacks=()):
     return cfg, tmp_path / "r"
 
 
-def test_intervene_run_writes_tidy_rows_and_a_label(tmp_path) -> None:
-    cfg, run_dir = trained_run(tmp_path)
+def untrained(model_cfg):
+    torch.manual_seed(0)
+    return build_model(model_cfg)
+
+
+@pytest.mark.parametrize(
+    ("weights", "expected"),
+    [(lambda _: hand_built_induction(), "induction"), (untrained, "not learned")],
+    ids=["induction", "untrained"],
+)
+def test_intervene_run_writes_tidy_rows_and_a_label(tmp_path, weights, expected) -> None:
+    """A run folder whose weights have a known mechanism (tests/test_mechanism_labels.py's
+    hand-built induction model, or an untrained model) gets that label."""
+    data = json.loads(json.dumps(BASE))
+    data["task"].update(n_pairs=2, n_dev=64)  # the hand-built model's task and width
+    data["model"].update(d_model=D, max_len=P)
+    data["training"].update(steps=4, eval_every=4)
+    cfg = config_from_data(data, ["name=r"])
+    run_dir = tmp_path / "r"
+    assert train(cfg, run_dir, quiet=True)["state"] == "done"
+    save_file(weights(load_run(run_dir)[0].model).state_dict(), run_dir / MODEL_FILE)
+
     rows = intervene_run(run_dir, InterventionPlan(split="dev"))
     on_disk = pd.read_csv(run_dir / "interventions.csv", keep_default_na=False)
     assert len(on_disk) == len(rows)
@@ -50,9 +74,23 @@ def test_intervene_run_writes_tidy_rows_and_a_label(tmp_path) -> None:
     assert "layers.1.mixer.output" in sites and "final_norm.input" in sites
     row = restored[restored.site == "layers.1.mixer.output"].iloc[0]
     assert (row.layer, row.component, row.io) == (1, "mixer", "output")
-    assert set(on_disk.step) == {40}
+    assert set(on_disk.step) == {4}
     label = json.loads((run_dir / "mechanism.json").read_text())
-    assert label["site"] == "layers.1.input" and label["label"]
+    assert label["site"] == "layers.1.input"
+    assert label["label"] == expected, label
+    # The label was read from the numbers written beside it.
+    likelihood = on_disk[on_disk.metric == "likelihood"]
+    for condition in ("original", "corrupted"):
+        value = likelihood[likelihood.condition == condition].value.iloc[0]
+        assert label[condition] == pytest.approx(value)
+    at_site = likelihood[(likelihood.condition == "restored") & (likelihood.site == label["site"])]
+    assert label["restored"] == pytest.approx(dict(zip(at_site.role, at_site.value, strict=True)))
+    if expected == "induction":
+        # Restoring the value (where layer 0 associated the key) brings the answer back.
+        assert label["original"] > 0.9 and label["recovered"]["value"] > 0.9
+        assert max(label["recovered"], key=label["recovered"].get) == "value"
+    else:
+        assert label["original"] < 0.2
 
 
 def test_emergence_callback_records_every_evaluation_and_survives_resume(tmp_path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -18,7 +19,9 @@ from torch import nn
 from mecheval.models import ARCHITECTURES, registry
 from mecheval.models.mixers.base import Mixer
 from mecheval.tasks import build_datasets
+from mecheval.training import group as group_module
 from mecheval.training import read_status, resolve, train
+from mecheval.training.config import total_steps
 from mecheval.training.group import (
     GroupTrainer,
     StackedAdamW,
@@ -26,6 +29,7 @@ from mecheval.training.group import (
     groupable,
     train_group,
 )
+from mecheval.training.trainer import Trainer
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +77,87 @@ def assert_same_run(group_dir: Path, single_dir: Path, rtol: float = 1e-4) -> No
             )
 
 
-def run_both(tmp_path: Path, cfgs, data, **kwargs) -> tuple[list[dict], list[dict]]:
-    group = train_group(
-        cfgs, [tmp_path / f"g{i}" for i in range(len(cfgs))], datasets=data, **kwargs
+@dataclass
+class StackSpy:
+    """What a train_group call really ran (recorded only while ``active``)."""
+
+    active: bool = False
+    #: one entry per stacked step (GroupTrainer.train_step): (step, members on the stack,
+    #: the leading size of every parameter and loss each vmapped call inside it got)
+    stacked: list[tuple[int, int, list[tuple[set[int], int]]]] = field(default_factory=list)
+    vmapped: list[tuple[set[int], int]] = field(default_factory=list)  # vmapped calls
+    single_steps: int = 0  # Trainer.train_step calls: a model trained on its own
+    fallback: list[Path] = field(default_factory=list)  # run folders given to train()
+
+    def sizes(self) -> list[int]:
+        return [k for _, k, _ in self.stacked]
+
+    def assert_stacked(self, total: int, sizes: list[int]) -> None:
+        """Every step ran as one vmapped call over the live members (``sizes[step]`` of them),
+        and no member trained alone, by train() or a Trainer's own step."""
+        assert [step for step, _, _ in self.stacked] == list(range(total))
+        assert self.sizes() == sizes
+        for _, k, calls in self.stacked:
+            assert calls == [({k}, k)]
+        assert self.single_steps == 0 and self.fallback == []
+
+
+@pytest.fixture
+def spy(monkeypatch) -> StackSpy:
+    """Spies on the stacked path (GroupTrainer.train_step and the vmapped gradient function
+    group.py builds with ``torch.func.vmap``) and on the per-model ones (``train()`` as
+    group.py calls it, ``Trainer.train_step``)."""
+    spy = StackSpy()
+    vmap, stacked_step = group_module.vmap, GroupTrainer.train_step
+    single_step, single_train = Trainer.train_step, group_module.train
+
+    def spying_vmap(fn, *args, **kwargs):
+        batched = vmap(fn, *args, **kwargs)
+
+        def call(params, *rest):
+            grads, losses = batched(params, *rest)
+            if spy.active:
+                leading = {p.shape[0] for p in params.values()}
+                leading |= {g.shape[0] for g in grads.values()}
+                spy.vmapped.append((leading, losses.shape[0]))
+            return grads, losses
+
+        return call
+
+    def spying_stacked_step(self):
+        step, k, before = self.step, len(self.live), len(spy.vmapped)
+        values = stacked_step(self)
+        if spy.active:
+            spy.stacked.append((step, k, spy.vmapped[before:]))
+        return values
+
+    def spying_single_step(self, *args, **kwargs):
+        spy.single_steps += spy.active
+        return single_step(self, *args, **kwargs)
+
+    def spying_train(cfg, run_dir, *args, **kwargs):
+        if spy.active:
+            spy.fallback.append(Path(run_dir))
+        return single_train(cfg, run_dir, *args, **kwargs)
+
+    monkeypatch.setattr(group_module, "vmap", spying_vmap)
+    monkeypatch.setattr(GroupTrainer, "train_step", spying_stacked_step)
+    monkeypatch.setattr(Trainer, "train_step", spying_single_step)
+    monkeypatch.setattr(group_module, "train", spying_train)
+    return spy
+
+
+def spied_group(spy: StackSpy, cfgs, run_dirs, **kwargs) -> list[dict]:
+    spy.active = True
+    try:
+        return train_group(cfgs, run_dirs, **kwargs)
+    finally:
+        spy.active = False
+
+
+def run_both(tmp_path: Path, cfgs, data, spy: StackSpy, **kwargs) -> tuple[list[dict], list[dict]]:
+    group = spied_group(
+        spy, cfgs, [tmp_path / f"g{i}" for i in range(len(cfgs))], datasets=data, **kwargs
     )
     single = [
         train(cfg, tmp_path / f"s{i}", quiet=True, datasets=data) for i, cfg in enumerate(cfgs)
@@ -86,14 +168,17 @@ def run_both(tmp_path: Path, cfgs, data, **kwargs) -> tuple[list[dict], list[dic
 # ---------------------------------------------------------------------------- equivalence
 
 
-def test_attention_group_equals_one_by_one(tmp_path: Path, data) -> None:
+def test_attention_group_equals_one_by_one(tmp_path: Path, data, spy: StackSpy) -> None:
     cfgs = [
         config(lr=3e-3, seed=0),
         config(lr=1e-2, seed=1, weight_decay=0.1),
         config(lr=1e-3, seed=2, grad_clip=0.05),  # small enough to clip every step
     ]
-    group, single = run_both(tmp_path, cfgs, data)
+    group, single = run_both(tmp_path, cfgs, data, spy)
     assert [s["state"] for s in group] == ["done"] * 3
+    # Trained as one stack of three: a silent fallback to one run at a time (which the
+    # comparison below would pass) shows up here.
+    spy.assert_stacked(8, [3] * 8)
     for i in range(3):
         assert_same_run(tmp_path / f"g{i}", tmp_path / f"s{i}")
     # The members really differ (different lr/seed reached different weights).
@@ -104,29 +189,33 @@ def test_attention_group_equals_one_by_one(tmp_path: Path, data) -> None:
     assert not torch.allclose(w0["embedding.weight"], w1["embedding.weight"])
 
 
-def assert_stack_equals_one_by_one(tmp_path: Path, data, arch: str, device: str) -> None:
+def assert_stack_equals_one_by_one(
+    tmp_path: Path, data, arch: str, device: str, spy: StackSpy
+) -> None:
     cfgs = [
         config(arch, lr=3e-3, seed=0, steps=4, eval_every=2, device=device),
         config(arch, lr=1e-2, seed=1, steps=4, eval_every=2, device=device),
     ]
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        group, _ = run_both(tmp_path, cfgs, data)
+        group, _ = run_both(tmp_path, cfgs, data, spy)
     # It trained as a group (a fallback to one-by-one would pass the comparison trivially).
     assert not [w for w in record if "cannot be vmapped" in str(w.message)], arch
+    spy.assert_stacked(4, [2] * 4)
     assert [s["state"] for s in group] == ["done", "done"]
     for i in range(2):
         assert_same_run(tmp_path / f"g{i}", tmp_path / f"s{i}")
 
 
 @pytest.mark.parametrize("arch", sorted(set(ARCHITECTURES) - {"attention"}))
-def test_group_equals_one_by_one(tmp_path: Path, data, arch: str) -> None:
-    assert_stack_equals_one_by_one(tmp_path, data, arch, "cpu")
+def test_group_equals_one_by_one(tmp_path: Path, data, arch: str, spy: StackSpy) -> None:
+    assert_stack_equals_one_by_one(tmp_path, data, arch, "cpu", spy)
 
 
-def test_extra_train_queries(tmp_path: Path, data) -> None:
+def test_extra_train_queries(tmp_path: Path, data, spy: StackSpy) -> None:
     cfgs = [config(train_queries=2, seed=0), config(train_queries=2, seed=1, lr=1e-2)]
-    run_both(tmp_path, cfgs, data)
+    run_both(tmp_path, cfgs, data, spy)
+    spy.assert_stacked(8, [2] * 8)
     for i in range(2):
         assert_same_run(tmp_path / f"g{i}", tmp_path / f"s{i}")
 
@@ -134,20 +223,23 @@ def test_extra_train_queries(tmp_path: Path, data) -> None:
 # ---------------------------------------------------------------------------- divergence
 
 
-def test_one_member_diverges_others_finish(tmp_path: Path, data) -> None:
+def test_one_member_diverges_others_finish(tmp_path: Path, data, spy: StackSpy) -> None:
     cfgs = [config(lr=3e-3, seed=0), config(lr=1e6, seed=1), config(lr=1e-2, seed=2)]
-    group, single = run_both(tmp_path, cfgs, data)
+    group, single = run_both(tmp_path, cfgs, data, spy)
     assert [s["state"] for s in group] == ["done", "failed", "done"]
     assert single[1]["state"] == "failed"
     assert group[1]["reason"] == single[1]["reason"]
     assert group[1]["reason"].startswith("diverged: training loss is ")
     assert group[1]["step"] == single[1]["step"] < 8
+    # Three on the stack up to the step whose loss diverged, then the other two, still stacked.
+    failed_at = group[1]["step"]
+    spy.assert_stacked(8, [3] * failed_at + [2] * (8 - failed_at))
     assert not (tmp_path / "g1" / "model.safetensors").exists()
     for i in range(3):
         assert_same_run(tmp_path / f"g{i}", tmp_path / f"s{i}")
 
 
-def test_non_finite_weights_at_evaluation(tmp_path: Path, data, monkeypatch) -> None:
+def test_non_finite_weights_at_evaluation(tmp_path: Path, data, monkeypatch, spy: StackSpy) -> None:
     """A member whose weights turn non-finite (loss still finite) fails at the next evaluation
     with the Trainer's reason; the other member is unaffected."""
     cfgs = [config(seed=0), config(seed=1)]
@@ -159,11 +251,12 @@ def test_non_finite_weights_at_evaluation(tmp_path: Path, data, monkeypatch) -> 
             params["final_norm.norm.bias"][1] = float("inf")  # slot 1: member 1
 
     monkeypatch.setattr(StackedAdamW, "step", poison)
-    group = train_group(cfgs, [tmp_path / "g0", tmp_path / "g1"], datasets=data)
+    group = spied_group(spy, cfgs, [tmp_path / "g0", tmp_path / "g1"], datasets=data)
     assert group[0]["state"] == "done"
     assert group[1]["state"] == "failed"
     assert group[1]["reason"] == "diverged: non-finite weights at step 4"
     assert group[1]["step"] == 4
+    spy.assert_stacked(8, [2] * 4 + [1] * 4)  # member 0 goes on alone, on the stack
     train(cfgs[0], tmp_path / "s0", quiet=True, datasets=data)
     assert_same_run(tmp_path / "g0", tmp_path / "s0")
 
@@ -313,19 +406,23 @@ def inplace_arch():
 
 
 def test_architecture_that_cannot_vmap_trains_one_by_one(
-    tmp_path: Path, data, inplace_arch
+    tmp_path: Path, data, inplace_arch, spy: StackSpy
 ) -> None:
     cfgs = [config(inplace_arch, seed=0), config(inplace_arch, seed=1, lr=1e-2)]
     with pytest.warns(RuntimeWarning, match="inplace-shift-test cannot be vmapped"):
-        group, single = run_both(tmp_path, cfgs, data)
+        group, single = run_both(tmp_path, cfgs, data, spy)
     assert [s["state"] for s in group] == ["done", "done"]
+    # The fallback, as the spy sees it: no stacked step, each run trained alone by train().
+    total = total_steps(resolve(cfgs[0]))
+    assert spy.stacked == [] and spy.fallback == [tmp_path / "g0", tmp_path / "g1"]
+    assert spy.single_steps == 2 * total
     for i in range(2):
         assert_same_run(tmp_path / f"g{i}", tmp_path / f"s{i}", rtol=0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
-def test_cuda_group_equals_one_by_one(tmp_path: Path, data, arch: str) -> None:
+def test_cuda_group_equals_one_by_one(tmp_path: Path, data, arch: str, spy: StackSpy) -> None:
     """Where it pays, on a GPU: a stack on CUDA leaves the run folders one-by-one CUDA runs
     leave, for every architecture (vmap batching rules differ between devices)."""
-    assert_stack_equals_one_by_one(tmp_path, data, arch, "cuda")
+    assert_stack_equals_one_by_one(tmp_path, data, arch, "cuda", spy)

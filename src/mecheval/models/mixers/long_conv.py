@@ -139,6 +139,14 @@ def positional_features(l_max: int, emb_dim: int) -> tuple[torch.Tensor, torch.T
     return torch.cat([t, z.real, z.imag], dim=-1), t
 
 
+def _check_length(length: int, l_max: int) -> None:
+    if length > l_max:
+        raise ValueError(
+            f"sequence length {length} exceeds model.mixer.l_max={l_max} "
+            "(the implicit filter is defined on l_max positions)"
+        )
+
+
 class ImplicitFilter(nn.Module):
     """Hyena's ``Filter``: sine MLP over positional features -> kernel ``[C, L]`` for any
     ``L <= l_max``, modulated by an exponential-decay window."""
@@ -182,11 +190,7 @@ class ImplicitFilter(nn.Module):
         self.mlp = nn.Sequential(*layers)
 
     def forward(self, length: int) -> torch.Tensor:
-        if length > self.l_max:
-            raise ValueError(
-                f"sequence length {length} exceeds model.mixer.l_max={self.l_max} "
-                "(the implicit filter is defined on l_max positions)"
-            )
+        _check_length(length, self.l_max)
         h = self.mlp(self.z[:, :length])  # [1, L, C]
         h = h * (torch.exp(-self.t[:, :length] * self.deltas.abs()) + self.shift)
         return h[0].transpose(0, 1)  # [C, L]
@@ -217,11 +221,7 @@ class MLPFilter(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(emb_dim, hidden), nn.ReLU(), nn.Linear(hidden, channels))
 
     def forward(self, length: int) -> torch.Tensor:
-        if length > self.l_max:
-            raise ValueError(
-                f"sequence length {length} exceeds model.mixer.l_max={self.l_max} "
-                "(the implicit filter is defined on l_max positions)"
-            )
+        _check_length(length, self.l_max)
         return self.mlp(self.z[:, :length])[0].transpose(0, 1)  # [C, L]
 
     def reset_special(self) -> None:

@@ -21,6 +21,9 @@ from mecheval.experiments.runners import (
     run_sweep,
 )
 from mecheval.experiments.store import load_results, site_parts
+from mecheval.tasks import build_datasets
+from mecheval.training.metrics import evaluate
+from mecheval.training.run import load_run
 
 TINY_BASE = {
     "task": {
@@ -149,9 +152,21 @@ def test_results_table_has_config_and_behavioural_columns(tmp_path) -> None:
     assert {"model.architecture", "training.lr", "task.n_pairs", "metric", "value"} <= set(
         table.columns
     )
-    final = table[(table.step == 12) & (table.split == "dev") & (table.metric == "accuracy")]
-    assert len(final) == 2 and final["value"].between(0, 1).all()
     assert set(table["source"]) == {"behavioural"}
+    # Each run's final dev rows are its own final model's scores on its own dev set, under
+    # its own config columns (not another run's, step's or split's).
+    for name, lr in (("lr1e-3", 1e-3), ("lr3e-3", 3e-3)):
+        cfg, model = load_run(tmp_path / "tiny" / name)
+        dev = build_datasets(cfg.task)["dev"]
+        expected = evaluate(model, dev, cfg.training.eval_batch_size)
+        rows = table[(table.run == name) & (table.step == 12) & (table.split == "dev")]
+        assert set(rows["training.lr"]) == {lr} and set(rows["task.n_pairs"]) == {2}
+        assert sorted(rows.metric) == sorted(expected)
+        for metric, value in expected.items():
+            assert rows[rows.metric == metric]["value"].item() == pytest.approx(value, abs=1e-9)
+    # The two runs' models differ, so the check above tells them apart.
+    finals = table[(table.step == 12) & (table.split == "dev") & (table.metric == "loss")]
+    assert finals["value"].nunique() == 2
 
 
 def test_site_parts() -> None:
@@ -176,50 +191,55 @@ def test_ray_backend_on_a_local_instance(tmp_path) -> None:
         assert a == (tmp_path / "local" / "tiny" / o.name / "metrics.csv").read_text()
 
 
-def test_kill_9_mid_sweep_loses_no_finished_run(tmp_path) -> None:
+def test_kill_9_mid_sweep_loses_no_finished_run(tmp_path, monkeypatch) -> None:
+    # Timing-free (see test_signals.py): the sweep's second run blocks right after its
+    # checkpoint at step 6 and marks it; the test waits for that mark, then kills.
     import os
     import signal
-    import subprocess
-    import sys
-    import time
 
+    import torch
     import yaml
+    from safetensors.torch import load_file
+    from test_signals import marks, mecheval, spy_resumes, temp_files, wait_for
+
+    from mecheval.training import read_status
 
     spec = {
         "name": "killed",
-        "base": {**TINY_BASE, "training": {**TINY_BASE["training"], "steps": 400}},
+        "base": {**TINY_BASE, "training": {**TINY_BASE["training"], "checkpoint_every": 3}},
         "grid": {"training.lr": [1e-3, 2e-3, 3e-3]},
     }
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
-    process = subprocess.Popen(
-        [sys.executable, "-c", "from mecheval.cli import main; main()"]
-        + ["sweep", "spec.yaml", "--out", "runs", "-q", "--no-interventions"],
-        cwd=tmp_path,
-        start_new_session=True,
-    )
-    first = tmp_path / "runs" / "killed" / "lr1e-3" / "status.json"
-    deadline = time.monotonic() + 120
-    while not (first.exists() and json.loads(first.read_text())["state"] == "done"):
-        if time.monotonic() > deadline:
-            process.kill()
-            pytest.fail("the first run did not finish in time")
-        time.sleep(0.05)
-    os.killpg(process.pid, signal.SIGKILL)  # mid-way through the second run
-    process.wait()
+    args = ["sweep", "spec.yaml", "--out", "runs", "-q", "--no-interventions"]
+    with mecheval(tmp_path, *args, gate_step=6, gate_run="lr2e-3") as process:
+        wait_for(lambda: "lr2e-3" in marks(tmp_path), "the second run at step 6", process)
+        os.killpg(process.pid, signal.SIGKILL)  # mid-way through the second run
+        process.wait()
 
-    assert json.loads(first.read_text())["state"] == "done"
-    for folder in (tmp_path / "runs" / "killed").iterdir():
+    sweep = tmp_path / "runs" / "killed"
+    assert read_status(sweep / "lr1e-3")["state"] == "done"
+    # A killed process updates nothing: the status still says running; the checkpoint counts.
+    assert read_status(sweep / "lr2e-3")["state"] == "running"
+    assert json.loads((sweep / "lr2e-3" / "checkpoint" / "state.json").read_text())["step"] == 6
+    assert not (sweep / "lr3e-3").exists()
+    assert temp_files(sweep) == []
+    for folder in sweep.iterdir():
         for name in ("config.yaml", "status.json"):
             if (folder / name).exists():  # whatever was written is whole
                 assert yaml.safe_load((folder / name).read_text())
 
+    resumed = spy_resumes(monkeypatch)
     outcomes = run_sweep(load_sweep(tmp_path / "spec.yaml"), tmp_path / "runs")
     assert [o.state for o in outcomes] == ["done", "done", "done"]
     assert outcomes[0].skipped
+    assert resumed == {"lr2e-3": 6, "lr3e-3": None}  # the killed run resumed from step 6
+    # ... and ends as an uninterrupted run: same metrics rows, same final weights.
     clean = run_sweep(load_sweep(tmp_path / "spec.yaml"), tmp_path / "clean")
     for o in clean:
-        resumed = (tmp_path / "runs" / "killed" / o.name / "metrics.csv").read_text()
-        assert resumed == (tmp_path / "clean" / "killed" / o.name / "metrics.csv").read_text()
+        a, b = sweep / o.name, tmp_path / "clean" / "killed" / o.name
+        assert (a / "metrics.csv").read_text() == (b / "metrics.csv").read_text()
+        wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def test_the_pool_starts_the_longest_runs_first(tmp_path, monkeypatch) -> None:

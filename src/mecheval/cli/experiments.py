@@ -160,16 +160,19 @@ def results_command(
     out: Annotated[Path | None, typer.Option(help="write here instead of stdout")] = None,
 ) -> None:
     """One tidy table (config columns + behavioural + mechanistic metrics) from run folders."""
-    from mecheval.experiments.store import load_results, write_results
+    from mecheval.experiments.store import load_results, require_pyarrow, write_results
 
     if fmt not in ("csv", "parquet", "markdown"):
         raise ConfigError(f"--format: expected csv, parquet or markdown, got {fmt!r}")
+    if fmt == "parquet":
+        # Checked before the run folders are read: both are one-line errors, not tracebacks.
+        if out is None:
+            raise ConfigError("--format parquet: needs --out FILE")
+        require_pyarrow()
     table = load_results(experiment_dir)
     if out is not None:
         write_results(table, out, fmt)
         typer.echo(f"wrote {len(table)} rows to {out}")
-    elif fmt == "parquet":
-        raise ConfigError("--format parquet: needs --out FILE")
     elif fmt == "markdown":
         typer.echo(table.to_markdown(index=False))
     else:

@@ -51,11 +51,12 @@ def train_command(
     """Train a model: `mecheval train run.yaml` or `mecheval train --preset quick --arch mamba`.
 
     The run goes to OUT/NAME/. A finished run is skipped; an unfinished one resumes from its
-    last checkpoint. Exit status: 0 done, 1 diverged, 2 bad config.
+    last checkpoint. Exit status: 0 done, 1 diverged, 2 bad config, 130 Ctrl-C, 143 SIGTERM
+    (the run is marked failed, "crashed: interrupted", and resumes when run again).
     """
     from mecheval.training import config as run_config
     from mecheval.training.presets import preset as preset_data
-    from mecheval.training.run import is_finished, read_status, train
+    from mecheval.training.run import Terminated, is_finished, read_status, stop_on_sigterm, train
 
     if (config is None) == (preset is None):
         raise ConfigError("train: give either a CONFIG file or --preset (not both)")
@@ -83,7 +84,13 @@ def train_command(
         from mecheval.experiments.mechanisms import EmergenceCallback
 
         callbacks.append(EmergenceCallback(cfg.task, cfg.model.n_layers))
-    status = train(cfg, run_dir, quiet=quiet, cache_dir=cache_dir, callbacks=callbacks)
+    try:
+        with stop_on_sigterm():
+            status = train(cfg, run_dir, quiet=quiet, cache_dir=cache_dir, callbacks=callbacks)
+    except KeyboardInterrupt as err:
+        step = (read_status(run_dir) or {}).get("step", 0)
+        print(f"interrupted: {run_dir} at step {step}; run again to resume", file=sys.stderr)
+        raise typer.Exit(128 + err.signum if isinstance(err, Terminated) else 130) from None
     metrics = status.get("metrics") or {}
     if status["state"] == "failed":
         print(

@@ -13,8 +13,10 @@ import json
 import multiprocessing
 import os
 import queue
+import signal
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,14 @@ from mecheval.experiments.grid import RunSpec, SweepSpec, expand
 from mecheval.models.registry import plugin_paths
 from mecheval.training.config import RunConfig, config_from_data, resolve
 from mecheval.training.presets import preset
-from mecheval.training.run import STATUS_FILE, is_finished, read_status
+from mecheval.training.run import (
+    STATUS_FILE,
+    Terminated,
+    is_finished,
+    raise_interrupt,
+    read_status,
+    stop_on_sigterm,
+)
 
 BACKENDS = ("local", "ray")
 
@@ -94,10 +103,32 @@ def plan_runs(spec: SweepSpec) -> list[tuple[RunSpec, RunConfig]]:
     return planned
 
 
+def crash_text(err: BaseException) -> str:
+    """``crashed: <type>: <message>`` in one line (a validation error as its field)."""
+    from pydantic import ValidationError
+
+    from mecheval.errors import describe
+
+    message = describe(err) if isinstance(err, ValidationError) else str(err).strip()
+    return f"crashed: {type(err).__name__}: {(message.splitlines() or [''])[0]}".rstrip(": ")
+
+
 def execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
     """Train a group of runs (one stacked model where they form one, see
     ``mecheval.training.group``; skip/resume as their folders say), then intervene in each.
-    Runs in a worker; the jobs share their worker settings (threads, plan, plugins)."""
+    Runs in a worker; the jobs share their worker settings (threads, plan, plugins).
+
+    Raises nothing but an interrupt: a group that fails anywhere (its training, or before:
+    loading plugins, reading its configs) comes back as failed outcomes with the reason, so
+    that the sweep goes on with its other groups."""
+    try:
+        return _execute_group(jobs, progress)
+    except Exception as err:
+        reason = crash_text(err)
+        return [Outcome(job.name, "failed", reason) for job in jobs]
+
+
+def _execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
     import torch
 
     from mecheval.training.group import train_group
@@ -121,21 +152,34 @@ def execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
         label = str(members[0].name) + (f" +{len(members) - 1}" if len(members) > 1 else "")
         return QueueReporter(label, progress, runs=len(members))
 
-    crash = ""
-    try:
-        train_group(
-            cfgs,
-            run_dirs,
-            callbacks=callbacks,
-            cache_dir=Path(first.cache_dir) if first.cache_dir else None,
-            max_group=len(jobs),
-            reporter_for=reporter_for if progress is not None else None,
-        )
-    except Exception as err:  # a crash of one group must not end the sweep
-        crash = f"crashed: {type(err).__name__}: {err}"
+    def train_some(indices: Sequence[int]) -> str:
+        """Train these runs of the group; the crash that stopped them ("" if none)."""
+        try:
+            train_group(
+                [cfgs[i] for i in indices],
+                [run_dirs[i] for i in indices],
+                callbacks=callbacks,
+                cache_dir=Path(first.cache_dir) if first.cache_dir else None,
+                max_group=len(indices),
+                reporter_for=reporter_for if progress is not None else None,
+            )
+        except Exception as err:  # a crash of one group must not end the sweep
+            return crash_text(err)
+        return ""
+
+    crash = train_some(range(len(jobs)))
+    crashes = [crash] * len(jobs)
+    if crash and len(jobs) > 1:
+        # A crash ends the whole call, also where its runs train one after another (a group
+        # that cannot be stacked; runs resumed from checkpoints first): the runs it kept
+        # from starting, whose folders it left untouched, are independent of it and train
+        # alone, each failing only on its own account.
+        for i, (run_dir, before) in enumerate(zip(run_dirs, already, strict=True)):
+            if not is_finished(before) and read_status(run_dir) == before:
+                crashes[i] = train_some([i])
     return [
         _finish(job, run_dir, before, crash)
-        for job, run_dir, before in zip(jobs, run_dirs, already, strict=True)
+        for job, run_dir, before, crash in zip(jobs, run_dirs, already, crashes, strict=True)
     ]
 
 
@@ -143,7 +187,9 @@ def _finish(job: Job, run_dir: Path, before: Mapping[str, Any] | None, crash: st
     """A trained run's outcome, after its interventions when it is done."""
     status = read_status(run_dir) or {}
     if crash and not is_finished(status):
-        return Outcome(job.name, "failed", crash)
+        # The run's own reason where this attempt recorded one (the crash may be another's).
+        own = status.get("state") == "failed" and status != (before or {})
+        return Outcome(job.name, "failed", str(status.get("reason")) if own else crash)
     skipped = before is not None and before.get("state") == status.get("state") == "done"
     if status.get("state") == "done" and job.plan is not None:
         from mecheval.experiments.mechanisms import intervene_run
@@ -255,11 +301,16 @@ def estimated_seconds(jobs: Sequence[Job]) -> dict[str, float]:
         if is_finished(read_status(Path(job.run_dir))):
             costs[job.name] = 0.0
             continue
-        cfg = RunConfig.model_validate(job.config)
-        shape = json.dumps([job.config["model"], cfg.training.batch_size], sort_keys=True)
-        if shape not in per_shape:
-            per_shape[shape] = step_seconds(cfg)
-        costs[job.name] = per_shape[shape] * total_steps(cfg)
+        try:
+            cfg = RunConfig.model_validate(job.config)
+            shape = json.dumps([job.config["model"], cfg.training.batch_size], sort_keys=True)
+            if shape not in per_shape:
+                per_shape[shape] = step_seconds(cfg)
+            costs[job.name] = per_shape[shape] * total_steps(cfg)
+        except Exception:
+            # A model that cannot take a step here fails in its worker, where the reason is
+            # recorded; it must not end the sweep before any run starts.
+            costs[job.name] = 0.0
     return costs
 
 
@@ -325,21 +376,83 @@ def run_local(
     groups = group_jobs(jobs, group_size)
     if workers <= 1:
         sink = _CallbackSink(on_progress) if on_progress else None
-        return _in_job_order(jobs, groups, [execute_group(group, sink) for group in groups])
+        with stop_on_sigterm():
+            return _in_job_order(jobs, groups, [execute_group(group, sink) for group in groups])
     # spawn, not fork: forking a process whose torch thread pool is running can deadlock.
     context = multiprocessing.get_context("spawn")
     ordered = longest_first(groups) if len(groups) > workers else groups
-    with context.Manager() as manager:
+    with stop_on_sigterm(), context.Manager() as manager:
         sink = manager.Queue() if on_progress else None
-        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-            futures = [pool.submit(execute_group, group, sink) for group in ordered]
-            pending: set[Future] = set(futures)
-            while pending:
-                _, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+        with ProcessPoolExecutor(
+            max_workers=workers, mp_context=context, initializer=_init_worker
+        ) as pool:
+            try:
+                futures = [pool.submit(_execute_in_worker, group, sink) for group in ordered]
+                pending: set[Future] = set(futures)
+                while pending:
+                    _, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                    _drain(sink, on_progress)
                 _drain(sink, on_progress)
-            _drain(sink, on_progress)
-            results = [future.result() for future in futures]
+            except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (Terminated)
+                _stop_workers(pool, err)
+                raise
+            results = [_outcomes(f, group) for f, group in zip(futures, ordered, strict=True)]
     return _in_job_order(jobs, ordered, results)
+
+
+def _outcomes(future: Future, group: Sequence[Job]) -> list[Outcome]:
+    """A group's outcomes from its worker. execute_group raises nothing, so an error here is
+    the worker's end (killed, out of memory, a crash in native code: BrokenProcessPool,
+    which also fails the groups still queued): those runs fail with the reason, resumable
+    by a rerun, rather than the sweep ending in a traceback."""
+    try:
+        return future.result()
+    except Exception as err:
+        reason = crash_text(err)
+        return [Outcome(job.name, "failed", reason) for job in group]
+
+
+# In a local worker: the signal that asked it to stop, and whether it is running a job.
+_stop_signal: int | None = None
+_busy = False
+
+
+def _init_worker() -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _on_stop_signal)
+
+
+def _on_stop_signal(signum: int, frame: object) -> None:
+    global _stop_signal
+    first = _stop_signal is None
+    _stop_signal = signum
+    # Into a running job only (its run records "crashed: interrupted" and resumes later), and
+    # once, so that a second signal cannot cut that status write short. An idle worker would
+    # print a traceback: it just starts no more jobs and exits when the pool shuts down.
+    if _busy and first:
+        raise_interrupt(signum)
+
+
+def _execute_in_worker(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
+    global _busy
+    _busy = True
+    try:
+        if _stop_signal is not None:
+            raise_interrupt(_stop_signal)
+        return execute_group(jobs, progress)
+    finally:
+        _busy = False
+
+
+def _stop_workers(pool: ProcessPoolExecutor, err: KeyboardInterrupt) -> None:
+    """Pass an interrupt on to the workers (Ctrl-C reaches them too, SIGTERM only this
+    process) and wait for them: running runs record their status, queued runs do not start,
+    and no worker outlives the sweep."""
+    signum = err.signum if isinstance(err, Terminated) else signal.SIGINT
+    for process in list((pool._processes or {}).values()):  # no public API lists them
+        with suppress(ProcessLookupError):
+            os.kill(process.pid, signum)
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def run_ray(jobs: Sequence[Job], address: str | None, group_size: int = 1) -> list[Outcome]:

@@ -165,6 +165,51 @@ def mechanism_summary(experiment_dir: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+PARQUET_EXTRA = "--format parquet: needs pyarrow (pip install 'mecheval[parquet]')"
+
+
+def require_pyarrow() -> None:
+    """Raise a one-line ConfigError naming the ``parquet`` extra when pyarrow is missing."""
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise ConfigError(PARQUET_EXTRA) from None
+
+
+def _missing(value: Any) -> bool:
+    """None, NaN or pd.NA (a container is a value, even an empty one)."""
+    return not isinstance(value, dict | list | tuple | set) and bool(pd.isna(value))
+
+
+def parquet_ready(table: pd.DataFrame) -> pd.DataFrame:
+    """The table with every object column that Parquet cannot type written as CSV writes it.
+
+    Config values that are containers (an empty ``model.mixer: {}`` options block, tuples
+    such as ``training.betas``) and columns whose runs hold values of different kinds
+    (``d_conv: 4`` in one run, ``"auto"`` in another) have no Parquet type: pyarrow refuses
+    an empty struct and a column mixing ints and strings. Such a column keeps its missing
+    values and holds ``str(value)`` otherwise, so a Parquet export reads back as the CSV
+    export of the same table does.
+    """
+    import pyarrow as pa
+
+    out = table.copy()
+    for column in out.columns:
+        series = out[column]
+        if series.dtype != object:
+            continue
+        present = [v for v in series if not _missing(v)]
+        containers = any(isinstance(v, dict | list | tuple | set) for v in present)
+        if not containers:
+            try:
+                pa.array(series, from_pandas=True)
+                continue
+            except (pa.ArrowException, TypeError, ValueError):
+                pass
+        out[column] = series.map(lambda v: None if _missing(v) else str(v)).astype(object)
+    return out
+
+
 def write_results(table: pd.DataFrame, path: str | Path, fmt: str) -> Path:
     """Write the table atomically as csv, parquet (needs the ``parquet`` extra) or markdown."""
     if fmt == "csv":
@@ -172,13 +217,8 @@ def write_results(table: pd.DataFrame, path: str | Path, fmt: str) -> Path:
     if fmt == "markdown":
         return atomic_write_text(path, table.to_markdown(index=False) + "\n")
     if fmt == "parquet":
-        try:
-            import pyarrow  # noqa: F401
-        except ImportError:
-            raise ConfigError(
-                "--format parquet: needs pyarrow (pip install 'mecheval[parquet]')"
-            ) from None
+        require_pyarrow()
         buffer = io.BytesIO()
-        table.to_parquet(buffer, index=False)
+        parquet_ready(table).to_parquet(buffer, index=False)
         return atomic_write_bytes(path, buffer.getvalue())
     raise ConfigError(f"--format: expected csv, parquet or markdown, got {fmt!r}")

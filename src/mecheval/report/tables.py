@@ -88,12 +88,26 @@ def load_table(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"--table: {path} is not a file")
-    if path.suffix == ".parquet":
-        table = pd.read_parquet(path)
-    elif path.suffix in (".csv", ".gz"):
-        table = pd.read_csv(path, low_memory=False)
-    else:
+    if path.suffix not in (".parquet", ".csv", ".gz"):
         raise ConfigError(f"--table: expected a .csv or .parquet file, got {path.name}")
+    unreadable: tuple[type[BaseException], ...] = (OSError, ValueError)
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow
+        except ImportError:
+            raise ConfigError(
+                "--table: reading a .parquet table needs pyarrow (pip install 'mecheval[parquet]')"
+            ) from None
+        unreadable += (pyarrow.ArrowException,)
+    try:
+        if path.suffix == ".parquet":
+            table = pd.read_parquet(path)
+        else:
+            table = pd.read_csv(path, low_memory=False)
+    except unreadable as err:
+        # A truncated or foreign file: say which, in one line, rather than a reader's traceback.
+        why = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ConfigError(f"--table: {path} is not a readable results table ({why})") from None
     if "run" not in table.columns:
         raise ConfigError(f"--table: {path} has no 'run' column; is it a results table?")
     return normalise(table)

@@ -9,14 +9,20 @@ Layout of ``<run>/checkpoint/``::
 ``state.json`` is the commit point: the tensor file is written first under a new name, then
 ``state.json`` is atomically replaced to point at it, then older tensor files are removed.
 A crash at any moment leaves a consistent checkpoint (the old or the new one).
+
+A checkpoint damaged some other way (a truncated or overwritten file, a disk error) raises
+:class:`CorruptCheckpoint`, a one-line message naming the file, before anything is restored:
+``training.run.train`` then discards it and trains the run again from step 0.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
@@ -24,6 +30,20 @@ from mecheval.io import atomic_save_safetensors, atomic_write_json, read_json
 
 FORMAT = 1
 STATE_FILE = "state.json"
+
+#: The fields of ``state.json`` and their JSON types.
+_STATE_FIELDS: dict[str, type] = {
+    "step": int,
+    "tensors": str,
+    "param_groups": list,
+    "optim_scalars": dict,
+    "scheduler": dict,
+    "trainer": dict,
+}
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint that cannot be restored; the message is one line naming the file."""
 
 
 def _jsonable(value: Any) -> Any:
@@ -97,18 +117,82 @@ def has_checkpoint(folder: Path) -> bool:
     return (folder / STATE_FILE).is_file()
 
 
+def read_checkpoint(
+    folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """``state.json`` and the tensors of the checkpoint in ``folder``, checked against the
+    model and optimizer they are to be restored into; nothing is modified.
+
+    Raises :class:`CorruptCheckpoint` if a file is unreadable, truncated or inconsistent.
+    """
+    state_path = folder / STATE_FILE
+    try:
+        meta = read_json(state_path)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CorruptCheckpoint(f"{state_path}: unreadable ({_first_line(err)})") from None
+    if not isinstance(meta, dict):
+        raise CorruptCheckpoint(f"{state_path}: expected a JSON object")
+    if meta.get("format") != FORMAT:
+        raise CorruptCheckpoint(
+            f"{state_path}: unsupported checkpoint format {meta.get('format')!r}"
+        )
+    for key, kind in _STATE_FIELDS.items():
+        if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
+            raise CorruptCheckpoint(f"{state_path}: field {key!r} missing or not {kind.__name__}")
+    name = meta["tensors"]
+    if Path(name).name != name or not name.endswith(".safetensors"):
+        raise CorruptCheckpoint(f"{state_path}: bad tensor file name {name!r}")
+    tensor_path = folder / name
+    try:
+        tensors = load_file(tensor_path)
+    except (OSError, SafetensorError) as err:
+        raise CorruptCheckpoint(f"{tensor_path}: unreadable ({_first_line(err)})") from None
+
+    expected = model.state_dict()
+    saved = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
+    if saved.keys() != expected.keys():
+        missing = sorted(expected.keys() - saved.keys())
+        extra = sorted(saved.keys() - expected.keys())
+        what = f"missing model.{missing[0]}" if missing else f"unexpected model.{extra[0]}"
+        raise CorruptCheckpoint(f"{tensor_path}: not this model's checkpoint ({what})")
+    for key, value in saved.items():
+        if value.shape != expected[key].shape or value.dtype != expected[key].dtype:
+            raise CorruptCheckpoint(
+                f"{tensor_path}: model.{key} is {value.dtype} {tuple(value.shape)}, "
+                f"expected {expected[key].dtype} {tuple(expected[key].shape)}"
+            )
+    if "rng.torch" not in tensors:
+        raise CorruptCheckpoint(f"{tensor_path}: no rng.torch state")
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for key, value in tensors.items():
+        if not key.startswith("optim."):
+            continue
+        parts = key.split(".", 2)
+        if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) >= len(params):
+            raise CorruptCheckpoint(f"{tensor_path}: unexpected tensor {key}")
+        if value.dim() > 0 and value.shape != params[int(parts[1])].shape:
+            raise CorruptCheckpoint(f"{tensor_path}: {key} has shape {tuple(value.shape)}")
+    if len(meta["param_groups"]) != len(optimizer.param_groups):
+        raise CorruptCheckpoint(f"{state_path}: {len(meta['param_groups'])} param groups")
+    return meta, tensors
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
 def load_checkpoint(
     folder: Path,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
 ) -> tuple[int, dict[str, Any]]:
-    """Restore model, optimizer, scheduler and RNG in place; return (step, trainer scalars)."""
-    meta = read_json(folder / STATE_FILE)
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{folder}: unsupported checkpoint format {meta.get('format')!r}")
+    """Restore model, optimizer, scheduler and RNG in place; return (step, trainer scalars).
+
+    The checkpoint is read and checked whole first (:func:`read_checkpoint`): a corrupt one
+    raises :class:`CorruptCheckpoint` with nothing restored."""
+    meta, tensors = read_checkpoint(folder, model, optimizer)
     device = next(model.parameters()).device
-    tensors = load_file(folder / meta["tensors"])
     model.load_state_dict(
         {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
     )

@@ -13,8 +13,12 @@ Every file is written atomically (mecheval.io).
 
 from __future__ import annotations
 
+import signal
+import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -25,7 +29,12 @@ from safetensors.torch import load_file
 from mecheval.errors import ConfigError
 from mecheval.io import atomic_save_safetensors, atomic_write_json, atomic_write_text, read_json
 from mecheval.models import LanguageModel, build_model
-from mecheval.training.checkpoint import remove_checkpoint
+from mecheval.training.checkpoint import (
+    CorruptCheckpoint,
+    has_checkpoint,
+    read_checkpoint,
+    remove_checkpoint,
+)
 from mecheval.training.config import (
     RunConfig,
     config_to_data,
@@ -84,9 +93,46 @@ def check_same_config(run_dir: Path, cfg: RunConfig) -> None:
         )
 
 
+class Terminated(KeyboardInterrupt):
+    """Raised by a termination signal (SIGTERM) where Ctrl-C raises KeyboardInterrupt, so that
+    a run so stopped records a resumable status too (see :func:`stop_on_sigterm`)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    def __reduce__(self) -> tuple[type, tuple[int]]:  # sent back from sweep workers
+        return Terminated, (self.signum,)
+
+
+def raise_interrupt(signum: int, frame: object = None) -> None:
+    """A signal handler: KeyboardInterrupt for SIGINT, :class:`Terminated` for others."""
+    raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
+
+
+@contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """While active, SIGTERM raises :class:`Terminated` (in the main thread; elsewhere this
+    does nothing) instead of ending the process on the spot with status.json left at
+    "running"."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def crash_reason(err: BaseException) -> str:
     """The status reason of a run stopped by ``err`` (not a divergence: resumable)."""
-    what = "interrupted" if isinstance(err, KeyboardInterrupt) else f"{type(err).__name__}: {err}"
+    if isinstance(err, Terminated):
+        what = f"interrupted ({err})"
+    elif isinstance(err, KeyboardInterrupt):
+        what = "interrupted"
+    else:
+        what = f"{type(err).__name__}: {err}"
     return f"crashed: {what}"
 
 
@@ -135,6 +181,7 @@ def train(
     total = total_steps(cfg)
     start = time.perf_counter()
     trainer: Trainer | None = None
+    notes: dict[str, str] = {}  # kept in every status this call writes
     try:
         if datasets is None:
             from mecheval.tasks import build_datasets
@@ -143,7 +190,10 @@ def train(
         if reporter is None:
             reporter = NullReporter() if quiet else RichReporter(cfg.name or run_dir.name)
         trainer = Trainer(cfg, datasets, run_dir, callbacks, reporter)
-        write_status(run_dir, state="running", step=0, total_steps=total)
+        discarded = discard_corrupt_checkpoint(trainer)
+        if discarded:
+            notes["discarded_checkpoint"] = discarded
+        write_status(run_dir, state="running", step=0, total_steps=total, **notes)
         results = trainer.run()
         atomic_save_safetensors(run_dir / MODEL_FILE, trainer.model.state_dict())
         status = write_status(
@@ -153,6 +203,7 @@ def train(
             total_steps=total,
             wall_time=trainer.wall_time(start),
             metrics=results,
+            **notes,
         )
         if not cfg.training.keep_checkpoint:
             remove_checkpoint(run_dir / CHECKPOINT_DIR)
@@ -167,6 +218,7 @@ def train(
             total_steps=total,
             wall_time=trainer.wall_time(start),
             metrics=trainer.last_results,
+            **notes,
         )
     except BaseException as err:
         # Not a property of the config: a later call resumes from the last checkpoint.
@@ -183,6 +235,31 @@ def train(
         raise
     finally:
         torch.set_num_threads(previous_threads)
+
+
+def discard_corrupt_checkpoint(trainer: Trainer) -> str | None:
+    """If the run's checkpoint cannot be restored (a truncated, garbage or foreign file),
+    remove it, warn in one line naming the file, and return why; the run then trains again
+    from step 0, which ends exactly as the interrupted run would have (training is
+    deterministic). A finished run never gets here, and a readable checkpoint is kept."""
+    folder = trainer.checkpoint_dir
+    if not has_checkpoint(folder):
+        return None
+    try:
+        meta, _ = read_checkpoint(folder, trainer.model, trainer.optimizer)
+        scalars = meta["trainer"]
+        missing = sorted(trainer.scalars(0.0).keys() - scalars.keys())
+        if missing:
+            raise CorruptCheckpoint(f"{folder / 'state.json'}: no trainer field {missing[0]!r}")
+        if list(divmod(meta["step"], trainer.per_epoch)) != [scalars["epoch"], scalars["position"]]:
+            raise CorruptCheckpoint(f"{folder / 'state.json'}: data position does not match step")
+    except CorruptCheckpoint as err:
+        why = f"{err}; discarded it, training from step 0"
+        print(f"warning: {why}", file=sys.stderr, flush=True)
+        # state.json goes first: a crash midway leaves no checkpoint, not half of one.
+        remove_checkpoint(folder)
+        return why
+    return None
 
 
 def load_run(

@@ -1,0 +1,42 @@
+"""Every registered experiment runs end to end as a user starts it, with two workers.
+
+Four of them (atr, generalisation, sibling, grandparent) used to end in a traceback: an ATR
+document could be longer than Hyena's implicit filter takes. This is the whole pipeline at
+the ``tiny`` preset (seconds per experiment): sweep in worker processes, interventions,
+report, the mechanism table.
+"""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from mecheval.cli import _register, app
+from mecheval.experiments.catalog import list_experiments
+from mecheval.training.run import read_status
+
+EXPERIMENTS = [e.name for e in list_experiments()]
+
+
+def test_the_catalog_is_what_reproduce_lists() -> None:
+    _register()
+    result = CliRunner().invoke(app, ["reproduce", "--list"])
+    assert result.exit_code == 0, result.output
+    assert [line.split()[0] for line in result.output.splitlines()] == EXPERIMENTS
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_experiment_runs_end_to_end_at_tiny(name: str, tmp_path) -> None:
+    _register()
+    result = CliRunner().invoke(
+        app, ["reproduce", name, "--preset", "tiny", "--workers", "2", "-q", "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    folder = tmp_path / f"{name}-tiny"
+    runs = [p for p in folder.iterdir() if (p / "config.yaml").exists()]
+    assert runs
+    assert all(read_status(run)["state"] == "done" for run in runs), [
+        (run.name, read_status(run)) for run in runs
+    ]
+    assert (folder / "report" / "report.html").exists()
+    assert "Mechanisms" in result.output

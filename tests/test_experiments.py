@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from small_runs import SWEEP_BASE
 
 from mecheval.errors import ConfigError
 from mecheval.experiments import runners
@@ -25,19 +26,7 @@ from mecheval.tasks import build_datasets
 from mecheval.training.metrics import evaluate
 from mecheval.training.run import load_run
 
-TINY_BASE = {
-    "task": {
-        "kind": "ar",
-        "n_keys": 8,
-        "n_values": 8,
-        "n_pairs": 2,
-        "n_train": 64,
-        "n_dev": 16,
-        "n_test": 16,
-    },
-    "model": {"architecture": "attention", "d_model": 16, "n_layers": 1},
-    "training": {"steps": 12, "batch_size": 8, "eval_every": 6, "threads": 1},
-}
+TINY_BASE = SWEEP_BASE
 
 
 def tiny_spec(name: str = "tiny", **grid) -> SweepSpec:

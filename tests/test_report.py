@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 from pathlib import Path
 
 import matplotlib
@@ -12,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.figure import Figure
+from small_runs import run_cli
 
 from mecheval.errors import ConfigError
 from mecheval.report import (
@@ -495,16 +495,6 @@ def test_write_figure_and_html(main_table, tmp_path):
 
 
 # ---------------------------------------------------------------------------- CLI
-
-
-def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    from mecheval.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["mecheval", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    out, err = capsys.readouterr()
-    return exit_info.value.code or 0, out, err
 
 
 def test_cli_with_table(main_table, tmp_path, monkeypatch, capsys):

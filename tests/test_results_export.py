@@ -10,6 +10,7 @@ import sys
 
 import pandas as pd
 import pytest
+from small_runs import run_cli
 
 from mecheval.experiments.grid import SweepSpec
 from mecheval.experiments.runners import InterventionPlan, run_sweep
@@ -45,16 +46,6 @@ def experiment(tmp_path_factory):
         ("mamba-lr1e6", "failed"),
     ]
     return out / "exp"
-
-
-def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    from mecheval.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["mecheval", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    out, err = capsys.readouterr()
-    return exit_info.value.code or 0, out, err
 
 
 def assert_one_line_error(code: int, err: str, *needles: str) -> None:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import small_runs
 import torch
 from safetensors.torch import load_file, save_file
 from small_runs import TASK, config
@@ -262,17 +263,8 @@ class Exploding(Mixer):
 """
 
 SWEEP_BASE = {
-    "task": {
-        "kind": "ar",
-        "n_keys": 8,
-        "n_values": 8,
-        "n_pairs": 2,
-        "n_train": 64,
-        "n_dev": 16,
-        "n_test": 16,
-    },
-    "model": {"architecture": "attention", "d_model": 16, "n_layers": 1},
-    "training": {"steps": 8, "batch_size": 8, "eval_every": 4, "threads": 1},
+    **small_runs.SWEEP_BASE,
+    "training": {**small_runs.SWEEP_BASE["training"], "steps": 8, "eval_every": 4},
 }
 
 

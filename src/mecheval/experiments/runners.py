@@ -264,12 +264,14 @@ def make_jobs(
 
 
 def step_seconds(cfg: RunConfig) -> float:
-    """One training step of ``cfg``'s model at its batch shape, timed on one thread."""
+    """One training step of ``cfg``'s model at its batch shape (a typical batch's padded
+    length, not the longest document), timed on one thread."""
     import time
 
     import torch
 
     from mecheval.models import build_model
+    from mecheval.tasks import typical_batch_length
 
     cfg = resolve(cfg)
     threads = torch.get_num_threads()
@@ -277,7 +279,7 @@ def step_seconds(cfg: RunConfig) -> float:
     try:
         with torch.random.fork_rng(devices=[]):
             model = build_model(cfg.model)
-            length = cfg.model.max_len or 16
+            length = typical_batch_length(cfg.task, cfg.training.batch_size)
             tokens = torch.randint(0, cfg.model.vocab_size or 2, (cfg.training.batch_size, length))
             at = torch.full((cfg.training.batch_size,), length - 1)
             times = []

@@ -9,7 +9,13 @@ Public API::
 from mecheval.tasks.batch import ROLES, Batch
 from mecheval.tasks.config import QUERY_TYPES, ARConfig, ATRConfig, TaskConfig
 from mecheval.tasks.corrupt import corrupt
-from mecheval.tasks.dataset import TaskDataset, build_datasets, cache_path, config_hash
+from mecheval.tasks.dataset import (
+    TaskDataset,
+    build_datasets,
+    cache_path,
+    config_hash,
+    typical_batch_length,
+)
 from mecheval.tasks.pcfg import Grammar, build_grammar
 from mecheval.tasks.vocab import BOS, DIV, PAD, max_length, token_names, vocab_size
 
@@ -32,5 +38,6 @@ __all__ = [
     "corrupt",
     "max_length",
     "token_names",
+    "typical_batch_length",
     "vocab_size",
 ]

@@ -26,7 +26,7 @@ from mecheval.tasks.atr import ATRTrees, generate_atr
 from mecheval.tasks.batch import ROLES, Batch
 from mecheval.tasks.config import ARConfig, ATRConfig
 from mecheval.tasks.pcfg import build_grammar
-from mecheval.tasks.vocab import token_names
+from mecheval.tasks.vocab import max_length, token_names
 
 #: Bump when generation changes, so stale caches are never reused.
 #: 2: rules are a head slot plus 1..L_max-1 symbols, yields under 3 symbols are rejected,
@@ -148,6 +148,21 @@ def config_hash(cfg: ARConfig | ATRConfig) -> str:
 
 def cache_path(cfg: ARConfig | ATRConfig, cache_dir: Path) -> Path:
     return Path(cache_dir) / f"{cfg.kind}-{config_hash(cfg)}.safetensors"
+
+
+#: Training batches sampled by :func:`typical_batch_length`.
+TYPICAL_BATCHES = 16
+
+
+def typical_batch_length(cfg: ARConfig | ATRConfig, batch_size: int) -> int:
+    """The padded width of a typical training batch: the sequence length at which to time a
+    training step. AR documents all have the same length; ATR's vary from a few tokens to
+    ``max_yield`` (1023 tokens), so the median width of the first TYPICAL_BATCHES training
+    batches (generated here, in milliseconds) stands for them, not the longest possible."""
+    if isinstance(cfg, ARConfig):
+        return max_length(cfg)
+    sample = generate_atr(cfg, "train", TYPICAL_BATCHES * batch_size)["lengths"]
+    return int(sample.view(TYPICAL_BATCHES, batch_size).amax(1).median())
 
 
 def _generate(cfg: ARConfig | ATRConfig) -> dict[str, TaskDataset]:

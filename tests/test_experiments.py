@@ -21,7 +21,8 @@ from mecheval.experiments.runners import (
     plan_runs,
     run_sweep,
 )
-from mecheval.experiments.store import load_results, site_parts
+from mecheval.experiments.store import load_results
+from mecheval.models.sites import describe_site, parse_site, resolve_site
 from mecheval.tasks import build_datasets
 from mecheval.training.metrics import evaluate
 from mecheval.training.run import load_run
@@ -158,11 +159,14 @@ def test_results_table_has_config_and_behavioural_columns(tmp_path) -> None:
     assert finals["value"].nunique() == 2
 
 
-def test_site_parts() -> None:
-    assert site_parts("layers.1.mixer.conv.output") == (1, "conv", "output")
-    assert site_parts("layers.0.input") == (0, "block", "input")
-    assert site_parts("layers.2.mlp.output") == (2, "mlp", "output")
-    assert site_parts("final_norm.input") == (-1, "final_norm", "input")
+def test_site_grammar() -> None:
+    assert parse_site("layers.1.mixer.conv.output") == (1, "conv", "output")
+    assert parse_site("layers.0.input") == (0, "block", "input")
+    assert parse_site("layers.12.mlp.output") == (12, "mlp", "output")
+    assert parse_site("final_norm.input") == (-1, "final_norm", "input")
+    assert resolve_site("layers.{last}.input", 3) == "layers.2.input"
+    assert describe_site("layers.{last}.input") == "the last layer's input"
+    assert describe_site("layers.0.mixer.conv.output") == "layer 0's mixer conv output"
 
 
 def test_ray_backend_on_a_local_instance(tmp_path) -> None:

@@ -289,8 +289,8 @@ def reproduce_spec(
 
 
 def _report(experiment_dir: Path, figures: tuple[str, ...]) -> None:
-    from mecheval.experiments.catalog import ARCH_ORDER
     from mecheval.experiments.store import load_results, mechanism_summary
+    from mecheval.models.registry import architecture_rank
     from mecheval.report import available_figures, normalise, write_figure
     from mecheval.report.html import write_html
 
@@ -306,9 +306,8 @@ def _report(experiment_dir: Path, figures: tuple[str, ...]) -> None:
     typer.echo(f"report: {report_dir}/ (report.html bundles every figure)")
     summary = mechanism_summary(experiment_dir)
     if "mechanism" in summary.columns:
-        order = {a: i for i, a in enumerate(ARCH_ORDER)}
         summary = summary.sort_values(
-            "architecture", key=lambda c: c.map(lambda a: order.get(a, len(order))), kind="stable"
+            "architecture", key=lambda c: c.map(architecture_rank), kind="stable"
         )
         typer.echo("\nMechanisms (likelihood of the answer %, restored at the label site):\n")
         typer.echo(summary.to_markdown(index=False))

@@ -16,15 +16,14 @@ from typing import Any
 from mecheval.errors import ConfigError
 from mecheval.experiments.grid import SweepSpec
 from mecheval.experiments.runners import InterventionPlan, plan_runs
-from mecheval.models import ARCHITECTURES, get_architecture
+from mecheval.models import get_architecture
+from mecheval.models.registry import BUILTIN_ARCHITECTURES
 
 PRESETS = ("quick", "paper", "tiny")
 PAPER_WIDTHS = [16, 32, 64, 128, 256]
 #: The paper's AR grid: {3e-5 … 3e-3} plus the follow-up {1e-2, 3e-2} (text: [3e-5, 3e-2]).
 PAPER_AR_LRS = [3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2]
 PAPER_ATR_LRS = [3e-5, 1e-4, 3e-4, 1e-3, 3e-3]
-#: The paper's order of architectures in its figures.
-ARCH_ORDER = ["mamba", "hyena", "h3", "deltanet", "based", "baseconv", "attention"]
 #: The grid axes ``reproduce`` can restrict to a subset: flag -> (config key, what it is).
 SUBSET_AXES = {
     "--widths": ("model.d_model", "widths"),
@@ -165,7 +164,8 @@ def _show(value: Any) -> str:
 
 
 def _archs() -> list[str]:
-    return [a for a in ARCH_ORDER if a in ARCHITECTURES]
+    """The architectures an experiment compares by default: every built-in one."""
+    return list(BUILTIN_ARCHITECTURES)
 
 
 def _catalog() -> dict[str, Experiment]:

@@ -18,10 +18,11 @@ import pandas as pd
 import torch
 
 from mecheval.experiments.runners import InterventionPlan
-from mecheval.experiments.store import MEASUREMENT_COLUMNS, site_parts
 from mecheval.interventions import interchange, label_mechanism
 from mecheval.io import atomic_write_text
 from mecheval.models import LanguageModel
+from mecheval.models.sites import last_layer_input, parse_site
+from mecheval.schema import MEASUREMENT_COLUMNS
 from mecheval.tasks import Batch, build_datasets, corrupt
 
 INTERVENTIONS_FILE = "interventions.csv"
@@ -49,7 +50,7 @@ def tidy_rows(table: pd.DataFrame, split: str, step: int) -> pd.DataFrame:
     rows = table.copy()
     rows["split"] = split
     rows["step"] = step
-    parts = [site_parts(s) if s else (-1, "", "") for s in rows["site"]]
+    parts = [parse_site(s) if s else (-1, "", "") for s in rows["site"]]
     rows["layer"] = [p[0] for p in parts]
     rows["component"] = [p[1] for p in parts]
     rows["io"] = [p[2] for p in parts]
@@ -107,7 +108,7 @@ class EmergenceCallback:
     def __init__(self, task: Any, n_layers: int, n_docs: int = 64, split: str = "dev") -> None:
         self.task = task
         self.plan = InterventionPlan(
-            sites=(f"layers.{n_layers - 1}.input",),
+            sites=(last_layer_input(n_layers),),
             roles=("key", "value", "query"),
             split=split,
             n_docs=n_docs,

@@ -24,21 +24,8 @@ import yaml
 
 from mecheval.errors import ConfigError
 from mecheval.io import atomic_write_bytes, atomic_write_text
+from mecheval.schema import MEASUREMENT_COLUMNS
 from mecheval.training.run import STATUS_FILE, read_status
-
-MEASUREMENT_COLUMNS = [
-    "source",
-    "step",
-    "split",
-    "condition",
-    "site",
-    "layer",
-    "component",
-    "io",
-    "role",
-    "metric",
-    "value",
-]
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -62,18 +49,6 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError):
         # Writes are atomic, so a broken file means someone else wrote it: say so, don't guess.
         return {"state": "unreadable", "reason": f"{run_dir / STATUS_FILE}: not valid JSON"}
-
-
-def site_parts(site: str) -> tuple[int, str, str]:
-    """``layers.1.mixer.conv.output`` -> (1, "conv", "output"); ``final_norm.input`` ->
-    (-1, "final_norm", "input")."""
-    parts = site.split(".")
-    if parts[0] != "layers":
-        return -1, parts[0], parts[-1]
-    layer = int(parts[1])
-    inner = parts[2:-1]
-    component = inner[-1] if inner else "block"
-    return layer, component, parts[-1]
 
 
 def behavioural_rows(run_dir: Path) -> pd.DataFrame:

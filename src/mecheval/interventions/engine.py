@@ -28,7 +28,6 @@ and site, the role that restores most.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,10 +36,8 @@ import torch
 
 from mecheval.interventions.patch import patch, record
 from mecheval.models.backbone import LanguageModel
-from mecheval.models.sites import site_names
+from mecheval.models.sites import FINAL_NORM_INPUT, layer_site, site_names, split_layer
 from mecheval.tasks.batch import ROLES, Batch
-
-_SITE_IN_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 
 
 @dataclass(frozen=True)
@@ -80,17 +77,17 @@ def _restart(model: LanguageModel, site: str) -> tuple[str, int, bool]:
     that cached tensor directly). Everything upstream of the restart point is identical to
     the corrupted run, so it is not recomputed.
     """
-    if site == "final_norm.input":
+    if site == FINAL_NORM_INPUT:
         return site, len(model.layers), True
-    match = _SITE_IN_LAYER.match(site)
-    if match is None:
+    split = split_layer(site)
+    if split is None:
         return "", 0, False  # not inside a block: run the whole model with a hook
-    layer, rest = int(match.group(1)), match.group(2)
+    layer, rest = int(split[0]), split[1]
     if rest == "input":
         return site, layer, True
     if rest == "output":
         return site, layer + 1, True
-    return f"layers.{layer}.input", layer, False
+    return layer_site(layer, "input"), layer, False
 
 
 def _downstream(
@@ -108,8 +105,10 @@ def _downstream(
 
 
 def _in_last_block_tail(model: LanguageModel, site: str) -> bool:
-    last = f"layers.{len(model.layers) - 1}."
-    return site.startswith((last + "mlp", last + "output")) or site == "final_norm.input"
+    last = len(model.layers) - 1
+    return site.startswith((layer_site(last, "mlp"), layer_site(last, "output"))) or (
+        site == FINAL_NORM_INPUT
+    )
 
 
 @torch.no_grad()

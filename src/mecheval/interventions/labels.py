@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from mecheval.models.sites import last_layer_input, layer_site
+
 LABELS = {
     "value": "induction",
     "next_key": "induction (next key)",
@@ -55,7 +57,7 @@ class MechanismLabel:
 
 
 def label_site(n_layers: int) -> str:
-    return f"layers.{n_layers - 1}.input" if n_layers >= 2 else "layers.0.output"
+    return last_layer_input(n_layers) if n_layers >= 2 else layer_site(0, "output")
 
 
 def label_mechanism(

@@ -32,8 +32,8 @@ from mecheval.models.mixers.base import Mixer
 from mecheval.models.mixers.baseconv import BaseConvOptions, build_baseconv
 from mecheval.models.mixers.based import BasedOptions, build_based
 from mecheval.models.mixers.deltanet import DeltaNet, DeltaNetOptions
-from mecheval.models.mixers.h3 import H3Options, build_h3
-from mecheval.models.mixers.hyena import HyenaOptions, build_hyena
+from mecheval.models.mixers.h3 import H3, H3Options
+from mecheval.models.mixers.hyena import Hyena, HyenaOptions
 from mecheval.models.mixers.mamba import Mamba, MambaOptions
 
 #: (layer index, d_model, validated options) -> mixer for that layer
@@ -46,11 +46,17 @@ class Architecture:
     options: type[BaseModel]
     build: MixerBuilder
     description: str
+    #: how reports and tables name it ("Mamba", "DeltaNet"); empty: the registry name
+    label: str = ""
     mlp: bool = True  # Mamba blocks have no MLP
     norm: Literal["layer", "rms"] = "layer"  # pre-norm of each block; the final norm is LayerNorm
     #: weight init of the whole model: "zoology" (GPT-2 style, every Linear N(0, init_std)) or
     #: "mamba" (mamba_ssm's: PyTorch's default Linear init); see models/backbone.py.
     init: Literal["zoology", "mamba"] = "zoology"
+
+    @property
+    def display(self) -> str:
+        return self.label or self.name
 
 
 ARCHITECTURES: dict[str, Architecture] = {}
@@ -82,6 +88,7 @@ def architecture(
     *,
     options: type[BaseModel] = NoOptions,
     description: str = "",
+    label: str = "",
     mlp: bool = True,
     norm: Literal["layer", "rms"] = "layer",
 ) -> Callable[[Buildable], Buildable]:
@@ -101,7 +108,9 @@ def architecture(
         else:
             raise TypeError(f"architecture {name!r}: expected a Mixer subclass or a builder")
         doc = (target.__doc__ or "").strip().split("\n")[0]
-        register(Architecture(name, options, build, description or doc, mlp, norm))
+        register(
+            Architecture(name, options, build, description or doc, label=label, mlp=mlp, norm=norm)
+        )
         return target
 
     return decorate
@@ -190,22 +199,28 @@ def get_architecture(name: str) -> Architecture:
         ) from None
 
 
+def architecture_label(name: str) -> str:
+    """How reports name an architecture: its label, or the name itself if not registered."""
+    arch = ARCHITECTURES.get(name)
+    return name if arch is None else arch.display
+
+
+def architecture_rank(name: str) -> int:
+    """Its place in the registry's order (the paper's for built-ins); unknown names last."""
+    order = list(ARCHITECTURES)
+    return order.index(name) if name in order else len(order)
+
+
 def parse_options(name: str, options: dict) -> BaseModel:
     return validate(get_architecture(name).options, options, prefix="model.mixer")
 
 
-register(
-    Architecture(
-        name="attention",
-        options=AttentionOptions,
-        build=lambda layer, d, opts: Attention(d, opts),
-        description="causal softmax attention (Transformer)",
-    )
-)
-
+# Registered in the order of the paper's figures (Fig. 3, top to bottom): reports, tables and
+# `reproduce` list built-in architectures in this order; plugins follow in registration order.
 register(
     Architecture(
         name="mamba",
+        label="Mamba",
         options=MambaOptions,
         build=lambda layer, d, opts: Mamba(d, opts),
         description="Mamba-1 selective SSM with short conv (Gu & Dao, 2023); no MLP, RMSNorm",
@@ -217,7 +232,28 @@ register(
 
 register(
     Architecture(
+        name="hyena",
+        label="Hyena",
+        options=HyenaOptions,
+        build=lambda layer, d, opts: Hyena(d, opts),
+        description="Hyena order 2: short conv, gating, implicit long conv (Poli et al., 2023)",
+    )
+)
+
+register(
+    Architecture(
+        name="h3",
+        label="H3",
+        options=H3Options,
+        build=lambda layer, d, opts: H3(d, opts),
+        description="H3: q * DiagSSM(ShiftSSM(k) * v), S4D-Lin diagonal SSM (Fu et al., 2023)",
+    )
+)
+
+register(
+    Architecture(
         name="deltanet",
+        label="DeltaNet",
         options=DeltaNetOptions,
         build=lambda layer, d, opts: DeltaNet(d, opts),
         description="DeltaNet: delta-rule linear attention with short convs (Yang et al., 2024)",
@@ -226,17 +262,8 @@ register(
 
 register(
     Architecture(
-        name="baseconv",
-        options=BaseConvOptions,
-        build=build_baseconv,
-        description="BaseConv: conv(u) * linear(u) + u, conv size per layer from a cycled list "
-        "(-1 = implicit long conv) (Arora et al., 2024a)",
-    )
-)
-
-register(
-    Architecture(
         name="based",
+        label="Based",
         options=BasedOptions,
         build=build_based,
         description="Based hybrid: BaseConv short-conv layers alternating with Taylor-feature "
@@ -246,18 +273,24 @@ register(
 
 register(
     Architecture(
-        name="h3",
-        options=H3Options,
-        build=build_h3,
-        description="H3: q * DiagSSM(ShiftSSM(k) * v), S4D-Lin diagonal SSM (Fu et al., 2023)",
+        name="baseconv",
+        label="BaseConv",
+        options=BaseConvOptions,
+        build=build_baseconv,
+        description="BaseConv: conv(u) * linear(u) + u, conv size per layer from a cycled list "
+        "(-1 = implicit long conv) (Arora et al., 2024a)",
     )
 )
 
 register(
     Architecture(
-        name="hyena",
-        options=HyenaOptions,
-        build=build_hyena,
-        description="Hyena order 2: short conv, gating, implicit long conv (Poli et al., 2023)",
+        name="attention",
+        label="Attention",
+        options=AttentionOptions,
+        build=lambda layer, d, opts: Attention(d, opts),
+        description="causal softmax attention (Transformer)",
     )
 )
+
+#: The architectures that come with mecheval (the paper's), in the paper's order.
+BUILTIN_ARCHITECTURES = tuple(ARCHITECTURES)

@@ -8,9 +8,76 @@ shape [B, T, C].
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from typing import NamedTuple
 
 from torch import nn
+
+# ------------------------------------------------------------------------ the name grammar
+# A site name is ``layers.{i}.<path inside block i>.{input,output}`` or ``final_norm.input``.
+# A *template* may write ``{last}`` for the layer index, meaning each model's last layer.
+
+FINAL_NORM_INPUT = "final_norm.input"
+LAST = "{last}"
+_IN_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
+
+
+class SiteParts(NamedTuple):
+    """A site name in the tidy results' columns: layer (-1 outside the blocks), the
+    component it belongs to (``block`` for a block's own input/output) and ``input``/``output``."""
+
+    layer: int
+    component: str
+    io: str
+
+
+def layer_site(layer: int | str, path: str) -> str:
+    """``layer_site(1, "mixer.output")`` -> ``layers.1.mixer.output``."""
+    return f"layers.{layer}.{path}"
+
+
+def last_layer_input(n_layers: int) -> str:
+    """The input of the last block: where a restore separates induction from direct retrieval."""
+    return layer_site(n_layers - 1, "input")
+
+
+def resolve_site(template: str, n_layers: int) -> str:
+    """A site template (``layers.{last}.input``) for a model with ``n_layers`` blocks."""
+    return template.format(last=n_layers - 1)
+
+
+def describe_site(template: str) -> str:
+    """A site template as prose, for titles: ``layers.{last}.input`` -> "the last layer's input"."""
+    split = split_layer(template)
+    if split is None:
+        return template
+    layer, path = split
+    where = "the last layer" if layer == LAST else f"layer {layer}"
+    return f"{where}'s {path.replace('.', ' ')}"
+
+
+def split_layer(name: str) -> tuple[str, str] | None:
+    """``layers.1.mixer.output`` -> ("1", "mixer.output"); None for a site outside the blocks."""
+    if name.startswith(f"layers.{LAST}."):
+        return LAST, name[len(f"layers.{LAST}.") :]
+    match = _IN_LAYER.match(name)
+    return None if match is None else (match.group(1), match.group(2))
+
+
+def parse_site(name: str) -> SiteParts:
+    """``layers.1.mixer.conv.output`` -> (1, "conv", "output"); ``final_norm.input`` ->
+    (-1, "final_norm", "input")."""
+    split = split_layer(name)
+    if split is None:
+        parts = name.split(".")
+        return SiteParts(-1, parts[0], parts[-1])
+    layer, path = split
+    inner = path.split(".")
+    return SiteParts(int(layer), inner[-2] if len(inner) > 1 else "block", inner[-1])
+
+
+# ------------------------------------------------------------------------ sites in a model
 
 
 class Site(nn.Identity):

@@ -29,6 +29,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from mecheval.errors import ConfigError
+from mecheval.models.registry import ARCHITECTURES, architecture_label
 from mecheval.report.tables import (
     ARCH,
     D_MODEL,
@@ -67,17 +68,6 @@ BASED_KERNEL_COLUMNS = (
     "model.mixer.short_conv_size",
     "model.mixer.d_conv",
 )
-#: Paper's Fig. 3 row order, top to bottom.
-ARCH_ORDER = ("mamba", "hyena", "h3", "deltanet", "based", "baseconv", "attention")
-ARCH_LABELS = {
-    "attention": "Attention",
-    "baseconv": "BaseConv",
-    "based": "Based",
-    "h3": "H3",
-    "hyena": "Hyena",
-    "mamba": "Mamba",
-    "deltanet": "DeltaNet",
-}
 _ROW = "_row"  # derived, per-figure row label column (not a config column, so never tuned)
 _CMAP = matplotlib.colormaps["viridis"].with_extremes(bad="#eeeeee")
 
@@ -114,7 +104,7 @@ def _prepare(df: pd.DataFrame, name: str) -> pd.DataFrame:
     for column in (ARCH, D_MODEL):
         if column not in df.columns:
             raise ConfigError(f"figure {name}: the results table has no {column} column")
-    return df.assign(_arch=df[ARCH].map(lambda a: ARCH_LABELS.get(str(a), str(a))))
+    return df.assign(_arch=df[ARCH].map(lambda a: architecture_label(str(a))))
 
 
 def _task(df: pd.DataFrame, kind: str, name: str) -> pd.DataFrame:
@@ -182,7 +172,7 @@ def _sort_key(value: Any) -> tuple[int, Any]:
 
 
 def _arch_key(label: Any) -> tuple[int, str]:
-    order = [ARCH_LABELS[a] for a in ARCH_ORDER]
+    order = [architecture_label(a) for a in ARCHITECTURES]
     return (order.index(label), "") if label in order else (len(order), str(label))
 
 

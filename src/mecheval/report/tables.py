@@ -27,6 +27,8 @@ import numpy as np
 import pandas as pd
 
 from mecheval.errors import ConfigError
+from mecheval.models.sites import LAST, layer_site
+from mecheval.schema import MEASUREMENT_COLUMNS
 
 CONFIG_PREFIXES = ("task.", "model.", "training.")
 ARCH = "model.architecture"
@@ -61,7 +63,7 @@ STRING_COLUMNS = (
     "metric",
 )
 PERCENT_METRICS = frozenset({"likelihood", "accuracy"})
-RESTORE_SITE = "layers.{last}.input"
+RESTORE_SITE = layer_site(LAST, "input")
 
 _T975 = (
     12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
@@ -180,19 +182,8 @@ def setting_columns(df: pd.DataFrame, exclude: Iterable[str] = ()) -> list[str]:
 
 def run_info(df: pd.DataFrame) -> pd.DataFrame:
     """One row per run: run, status, reason and its config (plus any derived columns)."""
-    keep = [c for c in df.columns if c not in _MEASUREMENT_COLUMNS]
+    keep = [c for c in df.columns if c not in MEASUREMENT_COLUMNS]
     return df.drop_duplicates("run")[keep].reset_index(drop=True)
-
-
-_MEASUREMENT_COLUMNS = frozenset(
-    {"source", "step", "split", "condition", "site", "layer", "component", "io", "role"}
-    | {"metric", "value"}
-)
-
-
-def failed_runs(df: pd.DataFrame) -> pd.DataFrame:
-    info = run_info(normalise(df))
-    return info[info["status"] == "failed"][["run", "reason"]].reset_index(drop=True)
 
 
 # ---------------------------------------------------------------------------- final values
@@ -203,14 +194,6 @@ def final_behaviour(df: pd.DataFrame) -> pd.DataFrame:
     df = normalise(df)
     rows = df[(df["source"] == "behavioural") & df["step"].notna()]
     last = rows.groupby(["run", "split", "metric"])["step"].transform("max")
-    return rows[rows["step"] == last].reset_index(drop=True)
-
-
-def final_mechanistic(df: pd.DataFrame) -> pd.DataFrame:
-    """Mechanistic rows at each run's last intervention step (end-of-training interventions)."""
-    df = normalise(df)
-    rows = df[(df["source"] == "mechanistic") & df["step"].notna()]
-    last = rows.groupby("run")["step"].transform("max")
     return rows[rows["step"] == last].reset_index(drop=True)
 
 

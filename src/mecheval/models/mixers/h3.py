@@ -272,7 +272,3 @@ class H3(Mixer):
         y = causal_long_conv(kv, kernel) + kv * self.D.repeat_interleave(p * p)
         y = (y.view(b, t, h, p, p) * q.view(b, t, h, p, 1)).sum(3)  # [B, T, h, j]
         return self.output_linear(y.transpose(2, 3).reshape(b, t, d))
-
-
-def build_h3(layer: int, d_model: int, options: H3Options) -> H3:
-    return H3(d_model, options)

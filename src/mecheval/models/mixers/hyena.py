@@ -86,7 +86,3 @@ class Hyena(Mixer):
     def mix(self, u: torch.Tensor) -> torch.Tensor:
         x1, x2, v = self.conv(self.in_proj(u)).split(self.d_model, dim=-1)
         return self.out_proj(x2 * self.long_conv(x1 * v))
-
-
-def build_hyena(layer: int, d_model: int, options: HyenaOptions) -> Hyena:
-    return Hyena(d_model, options)

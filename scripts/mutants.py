@@ -133,7 +133,7 @@ MUTANTS = [
     Mutant(
         "atr-yields-of-two",
         "ATR accepts yields of 2 symbols (the paper's code rejects them)",
-        "src/mecheval/tasks/config.py",
+        "src/mecheval/tasks/atr.py",
         "MIN_YIELD = 3",
         "MIN_YIELD = 2",
         ("tests/test_pcfg_atr.py",),

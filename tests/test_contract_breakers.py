@@ -1,4 +1,4 @@
-"""Each check of the architecture contract (mecheval.models.check, ``mecheval check-mixer``)
+"""Each check of the architecture contract (mecheval.contract, ``mecheval check-mixer``)
 fails on a small mixer that breaks what the check guards, with a message that names it. Every
 other check that fails on that mixer is listed, and why; the rest pass.
 
@@ -24,10 +24,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mecheval.contract import CHECKS, CheckFailed, run_checks
 from mecheval.interventions import engine
 from mecheval.models import ARCHITECTURES
 from mecheval.models.backbone import FinalNorm
-from mecheval.models.check import CHECKS, CheckFailed, run_checks
 from mecheval.models.mixers.base import Mixer, mark_inert
 from mecheval.models.registry import architecture
 from mecheval.models.sites import Site

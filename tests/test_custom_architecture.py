@@ -12,9 +12,9 @@ import torch
 from typer.testing import CliRunner
 
 from mecheval.cli import _register, app
+from mecheval.contract import make_model, random_tokens
 from mecheval.errors import ConfigError
 from mecheval.models import registry
-from mecheval.models.check import make_model, random_tokens
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "custom-architecture.md"
 

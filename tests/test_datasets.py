@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pydantic import TypeAdapter
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -15,10 +14,10 @@ from mecheval.tasks import (
     ARConfig,
     ATRConfig,
     Batch,
-    TaskConfig,
     build_datasets,
     cache_path,
     max_length,
+    parse_task,
 )
 from mecheval.tasks import dataset as dataset_mod
 
@@ -107,10 +106,13 @@ def test_batches_trim_padding_and_cover_everything():
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-def test_task_config_union():
-    adapter = TypeAdapter(TaskConfig)
-    assert isinstance(adapter.validate_python({"kind": "ar"}), ARConfig)
-    assert isinstance(adapter.validate_python({"kind": "atr", "query": "sibling"}), ATRConfig)
+def test_task_config_by_kind():
+    assert isinstance(parse_task({"kind": "ar"}), ARConfig)
+    assert isinstance(parse_task({"kind": "atr", "query": "sibling"}), ATRConfig)
+    with pytest.raises(ConfigError, match=r"task\.kind: unknown 'xyz' \(expected one of: ar, atr"):
+        parse_task({"kind": "xyz"})
+    with pytest.raises(ConfigError, match=r"task\.kind: missing"):
+        parse_task({"n_train": 3})
 
 
 @pytest.mark.parametrize(
@@ -140,7 +142,7 @@ def test_bad_configs_give_one_line_errors(cls, data, field):
 
 def test_typical_batch_length_is_the_median_padded_width_of_training_batches():
     from mecheval.tasks import typical_batch_length
-    from mecheval.tasks.dataset import TYPICAL_BATCHES
+    from mecheval.tasks.atr import TYPICAL_BATCHES
 
     cfg = ATRConfig(n_train=TYPICAL_BATCHES * 8, n_dev=8, n_test=8)
     lengths = build_datasets(cfg)["train"].lengths

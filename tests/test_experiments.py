@@ -10,9 +10,9 @@ from small_runs import SWEEP_BASE
 from mecheval.errors import ConfigError
 from mecheval.experiments import runners
 from mecheval.experiments.grid import SweepSpec, expand, load_sweep
+from mecheval.experiments.mechanisms import InterventionPlan
 from mecheval.experiments.runners import (
     GPU_GROUP_SIZE,
-    InterventionPlan,
     auto_group_size,
     estimated_seconds,
     group_jobs,

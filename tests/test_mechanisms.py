@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from mecheval.cli import _register, app, main
 from mecheval.experiments.grid import SweepSpec
-from mecheval.experiments.mechanisms import EmergenceCallback, intervene_run
-from mecheval.experiments.runners import InterventionPlan, run_sweep
+from mecheval.experiments.mechanisms import EmergenceCallback, InterventionPlan, intervene_run
+from mecheval.experiments.runners import run_sweep
 from mecheval.experiments.store import load_results
 from mecheval.models import build_model
 from mecheval.report import FIGURES, normalise
@@ -66,9 +66,10 @@ def test_intervene_run_writes_tidy_rows_and_a_label(tmp_path, weights, expected)
     assert train(cfg, run_dir, quiet=True)["state"] == "done"
     save_file(weights(load_run(run_dir)[0].model).state_dict(), run_dir / MODEL_FILE)
 
-    rows = intervene_run(run_dir, InterventionPlan(split="dev"))
+    measured = intervene_run(run_dir, InterventionPlan(split="dev"))
     on_disk = pd.read_csv(run_dir / "interventions.csv", keep_default_na=False)
-    assert len(on_disk) == len(rows)
+    assert len(on_disk) == len(measured.rows)
+    assert measured.label.label == expected
     restored = on_disk[on_disk.condition == "restored"]
     sites = set(restored.site)
     assert "layers.1.mixer.output" in sites and "final_norm.input" in sites

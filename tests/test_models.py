@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mecheval.contract import CHECKS, run_checks
 from mecheval.errors import ConfigError
 from mecheval.models import ARCHITECTURES, ModelConfig, build_model
-from mecheval.models.check import CHECKS, run_checks
 
 VOCAB = 23
 MAX_LEN = 48

@@ -20,8 +20,7 @@ from mecheval.tasks import (
     max_length,
     vocab_size,
 )
-from mecheval.tasks.atr import choose_query, generate_atr, held_out_pairs
-from mecheval.tasks.config import MIN_YIELD
+from mecheval.tasks.atr import MIN_YIELD, choose_query, generate_atr, held_out_pairs
 from mecheval.tasks.pcfg import HEAD_SLOT, Tree, Uniforms, rederive, sample_tree
 
 SIZES = dict(n_train=400, n_dev=100, n_test=100)

@@ -10,8 +10,9 @@ from mecheval.cli import _register, app
 from mecheval.cli import experiments as experiments_cli
 from mecheval.cli.experiments import reproduce_spec
 from mecheval.errors import ConfigError
-from mecheval.experiments.catalog import PAPER_AR_LRS, PAPER_WIDTHS, _archs
+from mecheval.experiments.catalog import PAPER_WIDTHS, _archs
 from mecheval.experiments.grid import expand
+from mecheval.tasks import get_task
 from mecheval.training.presets import preset
 
 
@@ -23,7 +24,7 @@ def invoke(*args: str):
 def test_a_paper_column_keeps_the_chosen_widths_and_lrs_for_every_architecture() -> None:
     full = reproduce_spec("ar", "paper")[1]
     assert full.grid["model.d_model"] == PAPER_WIDTHS  # the slice below is a real cut
-    assert full.grid["training.lr"] == PAPER_AR_LRS
+    assert full.grid["training.lr"] == list(get_task("ar").paper_lrs)
 
     _, spec = reproduce_spec("ar", "paper", widths="64", lrs="1e-3,3e-4")
     # The grid's order and values (LRs compared as numbers): 0.001 is the grid's 1e-3.

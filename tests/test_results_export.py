@@ -13,7 +13,8 @@ import pytest
 from small_runs import run_cli
 
 from mecheval.experiments.grid import SweepSpec
-from mecheval.experiments.runners import InterventionPlan, run_sweep
+from mecheval.experiments.mechanisms import InterventionPlan
+from mecheval.experiments.runners import run_sweep
 from mecheval.experiments.store import load_results
 from mecheval.report import load_table
 

@@ -344,7 +344,8 @@ def test_run_config_requires_task() -> None:
 
 def test_extend_queries_keeps_the_paper_document_as_prefix() -> None:
     from mecheval.tasks import ARConfig, build_datasets
-    from mecheval.training.trainer import _generator, extend_queries
+    from mecheval.tasks.ar import extend_queries
+    from mecheval.training.trainer import _generator
 
     task = ARConfig(n_keys=10, n_values=10, n_pairs=5, n_train=8, n_dev=1, n_test=1)
     batch = build_datasets(task)["train"].batch(torch.arange(8))

@@ -141,7 +141,7 @@ def sweep_command(
 ) -> None:
     """Train every run of a sweep into OUT/<sweep>/<run>/ (resumable; finished runs skip)."""
     from mecheval.experiments.grid import load_sweep
-    from mecheval.experiments.runners import InterventionPlan
+    from mecheval.experiments.mechanisms import InterventionPlan
 
     spec = load_sweep(spec_path)
     plan = InterventionPlan() if interventions else None

@@ -26,8 +26,7 @@ def intervene_command(
 ) -> None:
     """Restore each (site, role) from the original into the key-corrupted document; print
     the Fig. 3-style table and the mechanism label; write interventions.csv into RUN_DIR."""
-    from mecheval.experiments.mechanisms import INTERVENTIONS_FILE, MECHANISM_FILE, intervene_run
-    from mecheval.experiments.runners import InterventionPlan
+    from mecheval.experiments.mechanisms import INTERVENTIONS_FILE, InterventionPlan, intervene_run
     from mecheval.interventions import restore_view
     from mecheval.models import site_names
     from mecheval.tasks import ROLES
@@ -39,7 +38,7 @@ def intervene_command(
         raise ConfigError(f"--metric: expected likelihood or accuracy, got {metric!r}")
     if n_docs is not None and n_docs < 1:
         raise ConfigError(f"-n: expected >= 1, got {n_docs}")
-    _, model = load_run(run_dir)
+    cfg, model = load_run(run_dir)
     known = site_names(model)
     for site in sites or []:
         if site not in known:
@@ -53,18 +52,10 @@ def intervene_command(
         split=split,
         n_docs=n_docs,
     )
-    rows = intervene_run(run_dir, plan)
-    engine_table = rows[["condition", "site", "role", "metric", "value"]]
-    view = restore_view(engine_table, metric=metric)
+    measured = intervene_run(run_dir, plan, loaded=(cfg, model))
+    assert measured is not None  # skip_existing is off
+    view = restore_view(measured.result.table, metric=metric)
     typer.echo(f"{metric} of the true answer (%), {split} split:")
     typer.echo(view.to_markdown())
-    label = (run_dir / MECHANISM_FILE).read_text()
-    import json
-
-    data = json.loads(label)
-    recovered = ", ".join(f"{r} {v:.0%}" for r, v in data["recovered"].items())
-    typer.echo(
-        f"\nmechanism: {data['label']}  (read at {data['site']}: original "
-        f"{data['original']:.3f}, corrupted {data['corrupted']:.3f}; recovered {recovered})"
-    )
+    typer.echo(f"\nmechanism: {measured.label}")
     typer.echo(f"wrote {run_dir / INTERVENTIONS_FILE}")

@@ -65,8 +65,8 @@ def check_mixer(
     logits, gradients, sites, site patching, and the intervention engine. Exit 1 on a failure."""
     import yaml
 
+    from mecheval.contract import run_checks
     from mecheval.errors import ConfigError
-    from mecheval.models.check import run_checks
 
     options = {}
     for item in option or []:

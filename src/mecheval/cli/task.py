@@ -11,15 +11,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from mecheval.cli import app
-from mecheval.errors import ConfigError, validate
-from mecheval.tasks import QUERY_TYPES, ROLES, ARConfig, ATRConfig, build_datasets, token_names
-from mecheval.tasks.dataset import SPLITS
+from mecheval.errors import ConfigError
+from mecheval.tasks import ROLES, SPLITS, TASKS, TaskConfig, build_datasets, task_of, token_names
+from mecheval.tasks.registry import parse_task
 from mecheval.tasks.stats import dataset_stats
 
 task_app = typer.Typer(help="Inspect the synthetic tasks.", no_args_is_help=True)
 app.add_typer(task_app, name="task")
 
-KINDS = {"ar": ARConfig, "atr": ATRConfig}
 ROLE_STYLE = {
     "key": "bold red",
     "value": "bold green",
@@ -44,13 +43,13 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def task_config(kind: str, overrides: list[str], **sizes: int) -> ARConfig | ATRConfig:
-    if kind not in KINDS:
-        raise ConfigError(f"task: unknown kind {kind!r} (expected one of: {', '.join(KINDS)})")
+def task_config(kind: str, overrides: list[str], **sizes: int) -> TaskConfig:
+    if kind not in TASKS:
+        raise ConfigError(f"task: unknown kind {kind!r} (expected one of: {', '.join(TASKS)})")
     data = {**sizes, **parse_overrides(overrides)}
     if data.pop("kind", kind) != kind:
         raise ConfigError("task.kind: give the kind as the command's argument, not in --set")
-    return validate(KINDS[kind], {"kind": kind, **data}, prefix="task")
+    return parse_task({"kind": kind, **data})
 
 
 def _split_sizes(split: str, n: int) -> dict[str, int]:
@@ -65,7 +64,7 @@ def _split_sizes(split: str, n: int) -> dict[str, int]:
 
 @task_app.command("show")
 def show(
-    kind: str = typer.Argument(..., help="task kind: ar or atr"),
+    kind: str = typer.Argument(..., help=f"task kind: {' or '.join(TASKS)}"),
     n: int = typer.Option(3, "-n", help="number of documents"),
     overrides: list[str] = typer.Option([], "--set", help=_SET_HELP),  # noqa: B008
     split: str = typer.Option("train", help="train, dev or test"),
@@ -74,6 +73,7 @@ def show(
     cfg = task_config(kind, overrides, **_split_sizes(split, n))
     ds = build_datasets(cfg)[split]
     names = token_names(cfg)
+    describe = task_of(cfg).describe
     console = Console(highlight=False)
     colour = console.is_terminal
     for i in range(len(ds)):
@@ -91,9 +91,7 @@ def show(
             else:
                 parts.append(escape(f"[{','.join(roles)}:{names[tok]}]"))
         answer = escape(names[int(ds.answer[i])])
-        extra = ""
-        if "qtype" in ds.extras:
-            extra = f" ({QUERY_TYPES[int(ds.extras['qtype'][i])]})"
+        extra = "" if describe is None else escape(describe(ds, i))
         # soft_wrap: one document per line when piped, so the output greps and diffs cleanly.
         console.print(f"{i}: " + " ".join(parts) + f" -> {answer}{extra}", soft_wrap=True)
     if colour:
@@ -103,7 +101,7 @@ def show(
 
 @task_app.command("stats")
 def stats(
-    kind: str = typer.Argument(..., help="task kind: ar or atr"),
+    kind: str = typer.Argument(..., help=f"task kind: {' or '.join(TASKS)}"),
     n: int = typer.Option(1000, "-n", help="number of documents to measure"),
     overrides: list[str] = typer.Option([], "--set", help=_SET_HELP),  # noqa: B008
     split: str = typer.Option("train", help="train, dev or test"),

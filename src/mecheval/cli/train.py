@@ -26,7 +26,7 @@ def train_command(
         typer.Argument(help="run config YAML (or use --preset instead)", show_default=False),
     ] = None,
     preset: Annotated[str | None, typer.Option(help="base config: paper | quick | tiny")] = None,
-    task: Annotated[str, typer.Option(help="with --preset: task kind, ar | atr")] = "ar",
+    task: Annotated[str, typer.Option(help="with --preset: task kind (ar, atr, …)")] = "ar",
     arch: Annotated[str, typer.Option(help="with --preset: architecture name")] = "attention",
     overrides: Annotated[
         list[str] | None,

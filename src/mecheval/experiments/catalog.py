@@ -15,15 +15,14 @@ from typing import Any
 
 from mecheval.errors import ConfigError
 from mecheval.experiments.grid import SweepSpec
-from mecheval.experiments.runners import InterventionPlan, plan_runs
+from mecheval.experiments.mechanisms import InterventionPlan
+from mecheval.experiments.runners import plan_runs
 from mecheval.models import get_architecture
 from mecheval.models.registry import BUILTIN_ARCHITECTURES
+from mecheval.tasks import get_task
+from mecheval.training.presets import check_preset
 
-PRESETS = ("quick", "paper", "tiny")
 PAPER_WIDTHS = [16, 32, 64, 128, 256]
-#: The paper's AR grid: {3e-5 … 3e-3} plus the follow-up {1e-2, 3e-2} (text: [3e-5, 3e-2]).
-PAPER_AR_LRS = [3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2]
-PAPER_ATR_LRS = [3e-5, 1e-4, 3e-4, 1e-3, 3e-3]
 #: The grid axes ``reproduce`` can restrict to a subset: flag -> (config key, what it is).
 SUBSET_AXES = {
     "--widths": ("model.d_model", "widths"),
@@ -55,10 +54,9 @@ class Experiment:
         """The sweep of this experiment at ``preset``; ``archs`` replaces its architectures
         (custom ones included) where the experiment compares architectures; ``widths``,
         ``lrs`` and ``seeds`` keep only those values of the grid (see :func:`restrict`)."""
-        if preset not in PRESETS:
-            raise ConfigError(f"--preset: expected one of {', '.join(PRESETS)}, got {preset!r}")
+        check_preset(preset)
         paper = preset == "paper"
-        paper_lrs = PAPER_AR_LRS if self.task == "ar" else PAPER_ATR_LRS
+        paper_lrs = list(get_task(self.task).paper_lrs)
         grid = dict(self.grid)
         if archs is not None:
             if grid.get("model.architecture") != _archs():

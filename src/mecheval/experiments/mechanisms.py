@@ -10,26 +10,38 @@ evaluation into ``emergence.csv``, so the emergence of a mechanism can be plotte
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import torch
 
-from mecheval.experiments.runners import InterventionPlan
-from mecheval.interventions import interchange, label_mechanism
+from mecheval.interventions import InterchangeResult, MechanismLabel, interchange, label_mechanism
 from mecheval.io import atomic_write_text
 from mecheval.models import LanguageModel
 from mecheval.models.sites import last_layer_input, parse_site
 from mecheval.schema import MEASUREMENT_COLUMNS
 from mecheval.tasks import Batch, build_datasets, corrupt
+from mecheval.training import load_run, read_status
 
 INTERVENTIONS_FILE = "interventions.csv"
 EMERGENCE_FILE = "emergence.csv"
 MECHANISM_FILE = "mechanism.json"
 #: Corruption seeds are offset from the data seed so the pair (o, c) is rebuilt exactly.
 CORRUPTION_SEED_OFFSET = 7919
+
+
+@dataclass(frozen=True)
+class InterventionPlan:
+    """Which interventions a sweep runs after training each model (None fields: all)."""
+
+    sites: tuple[str, ...] | None = None
+    roles: tuple[str, ...] | None = None
+    split: str = "test"
+    n_docs: int | None = None
+    #: also record restores at the last layer's input at every evaluation (emergence.csv)
+    during_training: bool = False
 
 
 def eval_batch(task: Any, split: str, n_docs: int | None) -> tuple[Batch, Batch]:
@@ -59,9 +71,15 @@ def tidy_rows(table: pd.DataFrame, split: str, step: int) -> pd.DataFrame:
 
 
 def measure(
-    model: LanguageModel, task: Any, plan: InterventionPlan, step: int
-) -> tuple[pd.DataFrame, Any]:
-    original, corrupted = eval_batch(task, plan.split, plan.n_docs)
+    model: LanguageModel,
+    task: Any,
+    plan: InterventionPlan,
+    step: int,
+    pair: tuple[Batch, Batch] | None = None,
+) -> tuple[pd.DataFrame, InterchangeResult]:
+    """The plan's interventions on ``model`` at training ``step``, on ``pair`` (original,
+    corrupted) if given, else on the plan's documents."""
+    original, corrupted = pair or eval_batch(task, plan.split, plan.n_docs)
     was_training = model.training
     model.eval()
     try:
@@ -77,24 +95,37 @@ def measure(
     return tidy_rows(result.table, plan.split, step), result
 
 
-def intervene_run(
-    run_dir: str | Path, plan: InterventionPlan | None = None, skip_existing: bool = False
-) -> pd.DataFrame:
-    """Run the plan's interventions on a finished run and write them into its folder."""
-    from mecheval.training.run import load_run, read_status
+@dataclass(frozen=True)
+class RunMechanism:
+    """What :func:`intervene_run` measured: the engine's result (its own table, for views),
+    the same numbers in the results store's schema (as written), and the label."""
 
+    result: InterchangeResult
+    rows: pd.DataFrame
+    label: MechanismLabel
+
+
+def intervene_run(
+    run_dir: str | Path,
+    plan: InterventionPlan | None = None,
+    skip_existing: bool = False,
+    loaded: tuple[Any, LanguageModel] | None = None,
+) -> RunMechanism | None:
+    """Run the plan's interventions on a finished run and write them into its folder
+    (None: ``skip_existing`` and they were there). ``loaded`` is the run's (config, model)
+    when the caller has loaded it already."""
     run_dir = Path(run_dir)
     plan = plan or InterventionPlan()
     target = run_dir / INTERVENTIONS_FILE
     if skip_existing and target.exists():
-        return pd.read_csv(target, keep_default_na=False)
-    cfg, model = load_run(run_dir)
+        return None
+    cfg, model = load_run(run_dir) if loaded is None else loaded
     step = int((read_status(run_dir) or {}).get("step", 0))
     rows, result = measure(model, cfg.task, plan, step)
     label = label_mechanism(result.table, n_layers=cfg.model.n_layers)
     atomic_write_text(run_dir / MECHANISM_FILE, json.dumps(asdict(label), indent=2) + "\n")
     atomic_write_text(target, rows.to_csv(index=False))
-    return rows
+    return RunMechanism(result, rows, label)
 
 
 class EmergenceCallback:
@@ -113,9 +144,12 @@ class EmergenceCallback:
             split=split,
             n_docs=n_docs,
         )
+        self._pair: tuple[Batch, Batch] | None = None  # built at the first evaluation
 
     def __call__(self, step: int, model: LanguageModel, run_dir: Path) -> None:
-        rows, _ = measure(model, self.task, self.plan, step)
+        if self._pair is None:
+            self._pair = eval_batch(self.task, self.plan.split, self.plan.n_docs)
+        rows, _ = measure(model, self.task, self.plan, step, self._pair)
         path = Path(run_dir) / EMERGENCE_FILE
         if path.exists():
             previous = pd.read_csv(path, keep_default_na=False)

@@ -23,6 +23,7 @@ from typing import Any
 
 from mecheval.errors import ConfigError
 from mecheval.experiments.grid import RunSpec, SweepSpec, expand
+from mecheval.experiments.mechanisms import InterventionPlan
 from mecheval.models.registry import plugin_paths
 from mecheval.training.config import RunConfig, config_from_data, resolve
 from mecheval.training.presets import preset
@@ -39,18 +40,6 @@ BACKENDS = ("local", "ray")
 
 #: The most runs stacked into one model on a GPU when --group-size is not given.
 GPU_GROUP_SIZE = 32
-
-
-@dataclass(frozen=True)
-class InterventionPlan:
-    """Which interventions a sweep runs after training each model (None fields: all)."""
-
-    sites: tuple[str, ...] | None = None
-    roles: tuple[str, ...] | None = None
-    split: str = "test"
-    n_docs: int | None = None
-    #: also record restores at the last layer's input at every evaluation (emergence.csv)
-    during_training: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The batched interchange-intervention engine (paper §3, DESIGN.md "Mechanistic metric").
+"""The batched interchange-intervention engine (paper §3; docs/architecture.md, "Mechanistic
+metric").
 
 For an original document o and its key-corrupted counterfactual c (same length, same role
 positions): run the model on c, overwrite site s at position r(c) with site s at r(o) from

@@ -1,4 +1,4 @@
-"""The one LM backbone every architecture shares (DESIGN.md "Models").
+"""The one LM backbone every architecture shares (docs/architecture.md, "Models").
 
 embedding (+ learned absolute positions) -> n_layers pre-norm blocks
 ``x + mixer(norm(x))``, ``x + mlp(LN(x))`` -> final LayerNorm -> LM head tied to the embedding.

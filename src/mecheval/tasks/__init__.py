@@ -1,13 +1,16 @@
-"""Synthetic in-context retrieval tasks: associative recall (AR) and treecall (ATR).
+"""Synthetic in-context retrieval tasks: associative recall (AR) and treecall (ATR), and the
+registry that any other task joins (tasks/registry.py).
 
 Public API::
 
     from mecheval.tasks import (ARConfig, ATRConfig, TaskConfig, build_datasets, corrupt,
-                                vocab_size, max_length, TaskDataset, Batch, ROLES)
+                                vocab_size, max_length, TaskDataset, Batch, ROLES, get_task)
 """
 
+from mecheval.tasks.ar import ARConfig
+from mecheval.tasks.atr import MIN_YIELD, QUERY_TYPES, ATRConfig
+from mecheval.tasks.base import SPLITS, Task, TaskConfigBase
 from mecheval.tasks.batch import ROLES, Batch
-from mecheval.tasks.config import QUERY_TYPES, ARConfig, ATRConfig, TaskConfig
 from mecheval.tasks.corrupt import corrupt
 from mecheval.tasks.dataset import (
     TaskDataset,
@@ -17,26 +20,48 @@ from mecheval.tasks.dataset import (
     typical_batch_length,
 )
 from mecheval.tasks.pcfg import Grammar, build_grammar
-from mecheval.tasks.vocab import BOS, DIV, PAD, max_length, token_names, vocab_size
+from mecheval.tasks.registry import (
+    TASKS,
+    get_task,
+    max_length,
+    parse_task,
+    register_task,
+    task_of,
+    token_names,
+    vocab_size,
+)
+from mecheval.tasks.vocab import BOS, DIV, PAD
+
+#: The type of a run's ``task`` field: any registered task's config.
+TaskConfig = TaskConfigBase
 
 __all__ = [
     "BOS",
     "DIV",
+    "MIN_YIELD",
     "PAD",
     "QUERY_TYPES",
     "ROLES",
+    "SPLITS",
+    "TASKS",
     "ARConfig",
     "ATRConfig",
     "Batch",
     "Grammar",
+    "Task",
     "TaskConfig",
+    "TaskConfigBase",
     "TaskDataset",
     "build_datasets",
     "build_grammar",
     "cache_path",
     "config_hash",
     "corrupt",
+    "get_task",
     "max_length",
+    "parse_task",
+    "register_task",
+    "task_of",
     "token_names",
     "typical_batch_length",
     "vocab_size",

@@ -31,15 +31,101 @@ documents never do. Other tree edges in a document are not restricted.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
+from pydantic import Field, ValidationInfo, field_validator
 
-from mecheval.tasks.config import MIN_YIELD, QUERY_TYPES, ATRConfig
+from mecheval.tasks.base import (
+    SPLIT_IDS,
+    Task,
+    TaskConfigBase,
+    check_split,
+    numpy_rng,
+)
 from mecheval.tasks.pcfg import Grammar, Tree, Uniforms, build_grammar, sample_tree
 from mecheval.tasks.vocab import BOS, DIV, N_SPECIAL
 
-SPLIT_IDS = {"train": 0, "dev": 1, "test": 2}
+if TYPE_CHECKING:
+    from mecheval.tasks.dataset import TaskDataset
+
+QUERY_TYPES: tuple[str, ...] = ("parent", "sibling", "grandparent")
+
+#: ATR documents whose yield has fewer terminals than this are rejected, as in the paper's
+#: code (tinylang ``PCFG.sample``: ``len(sentence) < 3``).
+MIN_YIELD = 3
+
+
+class ATRConfig(TaskConfigBase):
+    """Associative treecall over a random head-marked PCFG (§5.1, Appendix B; see pcfg.py)."""
+
+    kind: Literal["atr"] = "atr"
+    grammar_seed: int = Field(0, ge=0, description="seed of the one PCFG shared by an experiment")
+    head: Literal["right", "left"] = Field("right", description="H: head terminal position")
+    max_depth: int = Field(10, ge=1, description="d_max: depth scores are drawn from 1..d_max")
+    max_rhs: int = Field(
+        5, ge=2, description="L_max: most symbols on a rule's right-hand side, head included"
+    )
+    max_rules: int = Field(5, ge=1, description="R_max: most rules per nonterminal")
+    n_nonterminals: int = Field(40, ge=1, description="|N|")
+    n_terminals: int = Field(20, ge=2, description="|Σ|")
+    terminal_weight: float = Field(
+        20.0, gt=0, description="r_Σ: weight of the terminal class vs 1 per allowed nonterminal"
+    )
+    # 1020: a whole document (<bos> yield <div> [query type] query) fits the 1024 positions of
+    # the paper's models (its code bounds the yield below 1024 symbols and never checks the
+    # document; ours counts the document, so no model with l_max 1024 meets a longer one).
+    max_yield: int = Field(
+        1020,
+        ge=MIN_YIELD,
+        description=f"yields longer than this are rejected (and shorter than {MIN_YIELD}); "
+        "1020 keeps every document within 1024 tokens",
+    )
+    query: Literal["parent", "sibling", "grandparent", "mixed"] = Field(
+        "parent", description="relation asked about; 'mixed' adds a query-type token"
+    )
+    split: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="fraction of (query, answer) terminal pairs seen only in test (App. D.2)",
+    )
+
+    @field_validator("split")
+    @classmethod
+    def _split_leaves_both(cls, v: float | None, info: ValidationInfo) -> float | None:
+        if v is None or "n_terminals" not in info.data:
+            return v
+        check_split(v, info.data["n_terminals"] ** 2, "(query, answer)")
+        return v
+
+    @property
+    def query_types(self) -> tuple[str, ...]:
+        return QUERY_TYPES if self.query == "mixed" else (self.query,)
+
+
+# Token ids: the specials, terminals t0.., then, only when ``query == "mixed"``, one
+# query-type token per type (<parent>, <sibling>, <grandparent>).
+def terminal_id(cfg: ATRConfig, terminal: np.ndarray | int) -> np.ndarray | int:
+    return terminal + N_SPECIAL
+
+
+def qtype_id(cfg: ATRConfig, qtype: int) -> int:
+    return N_SPECIAL + cfg.n_terminals + qtype
+
+
+def token_names(cfg: ATRConfig) -> list[str]:
+    names = [f"t{i}" for i in range(cfg.n_terminals)]
+    return names + ([f"<{q}>" for q in QUERY_TYPES] if cfg.query == "mixed" else [])
+
+
+def max_length(cfg: ATRConfig) -> int:
+    return 1 + cfg.max_yield + 2 + (1 if cfg.query == "mixed" else 0)  # <bos> yield <div> [t] q
+
+
+def key_class(cfg: ATRConfig) -> tuple[int, int]:
+    return terminal_id(cfg, 0), terminal_id(cfg, cfg.n_terminals)
 
 
 @dataclass
@@ -65,6 +151,21 @@ class ATRTrees:
         a, b = int(self.rule_offsets[i]), int(self.rule_offsets[i + 1])
         return self.heads[a:b].tolist()
 
+    def check(self, n: int) -> None:
+        """Consistency with ``n`` documents; raises ValueError (a cache file is then rebuilt)."""
+        if self.yield_offsets.shape != (n + 1,) or self.rule_offsets.shape != (n + 1,):
+            raise ValueError("trees")
+        if int(self.yield_offsets[-1]) != self.parents.numel():
+            raise ValueError("trees")
+        if int(self.rule_offsets[-1]) != self.rules.numel():
+            raise ValueError("trees")
+        if self.heads.shape != self.rules.shape:
+            raise ValueError("trees")
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> ATRTrees:
+        return cls(**{k: tensors[k] for k in cls.__dataclass_fields__})
+
     def tensors(self) -> dict[str, torch.Tensor]:
         return {
             "start": self.start,
@@ -82,7 +183,7 @@ def held_out_pairs(cfg: ATRConfig) -> torch.Tensor | None:
         return None
     total = cfg.n_terminals**2
     # Seeded by the grammar: every model of an experiment shares one grammar and one split.
-    rng = np.random.default_rng([cfg.grammar_seed, 0x5B17])
+    rng = numpy_rng(cfg.grammar_seed, 0x5B17)
     chosen = rng.permutation(total)[: round(cfg.split * total)]
     held = np.zeros(total, dtype=bool)
     held[chosen] = True
@@ -132,7 +233,7 @@ def choose_query(
 def generate_atr(cfg: ATRConfig, split: str, n: int, grammar: Grammar | None = None) -> dict:
     """``n`` documents of ``split``: arrays for TaskDataset plus the trees."""
     g = grammar if grammar is not None else build_grammar(cfg)
-    draw = Uniforms(np.random.default_rng([cfg.seed, SPLIT_IDS[split], 0xA7]))
+    draw = Uniforms(numpy_rng(cfg.seed, SPLIT_IDS[split], 0xA7))
     held_t = held_out_pairs(cfg)
     held = None if held_t is None else held_t.numpy()
     types = cfg.query_types
@@ -168,12 +269,12 @@ def generate_atr(cfg: ATRConfig, split: str, n: int, grammar: Grammar | None = N
         m = len(tree.terminals)
         row = tokens[d]
         row[0] = BOS
-        row[1 : 1 + m] = np.asarray(tree.terminals) + N_SPECIAL
+        row[1 : 1 + m] = terminal_id(cfg, np.asarray(tree.terminals))
         row[1 + m] = DIV
         if mixed:
-            row[2 + m] = N_SPECIAL + cfg.n_terminals + q
-        row[2 + m + extra] = tree.terminals[child] + N_SPECIAL
-        answer[d] = tree.terminals[ans] + N_SPECIAL
+            row[2 + m] = qtype_id(cfg, q)
+        row[2 + m + extra] = terminal_id(cfg, tree.terminals[child])
+        answer[d] = terminal_id(cfg, tree.terminals[ans])
         key[d], value[d] = child + 1, ans + 1
         qtypes[d] = QUERY_TYPES.index(types[q])
     divider = n_yield + 1
@@ -202,3 +303,109 @@ def generate_atr(cfg: ATRConfig, split: str, n: int, grammar: Grammar | None = N
         "extras": {"qtype": torch.from_numpy(qtypes)},
         "trees": trees,
     }
+
+
+# ------------------------------------------------------------------------ show, stats, length
+
+
+def describe(ds: TaskDataset, i: int) -> str:
+    """``task show``: the query type of a mixed-query document."""
+    if ds.cfg.query != "mixed":
+        return ""
+    return f" ({QUERY_TYPES[int(ds.extras['qtype'][i])]})"
+
+
+def _tree_shape(ds: TaskDataset) -> tuple[list[int], list[float], list[float]]:
+    """Per document: tree depth (edges on the longest root-leaf path), mean branching factor
+    (children per terminal that has any) and share of yield positions whose terminal repeats."""
+    assert ds.trees is not None
+    depths, branching, repeated = [], [], []
+    for i in range(len(ds)):
+        par = ds.trees.parent_list(i)
+        n = len(par)
+        deepest = 0
+        for j in range(n):
+            # Walk up to the root; trees are shallow (at most d_max rule levels).
+            d = 0
+            while par[j] >= 0:
+                j, d = par[j], d + 1
+            deepest = max(deepest, d)
+        depths.append(deepest)
+        kids: dict[int, int] = {}
+        for p in par:
+            if p >= 0:
+                kids[p] = kids.get(p, 0) + 1
+        branching.append(sum(kids.values()) / len(kids) if kids else 0.0)
+        ys = ds.tokens[i, 1 : 1 + n].tolist()
+        counts: dict[int, int] = {}
+        for t in ys:
+            counts[t] = counts.get(t, 0) + 1
+        repeated.append(sum(1 for t in ys if counts[t] > 1) / n)
+    return depths, branching, repeated
+
+
+def tree_stats(ds: TaskDataset) -> dict[str, torch.Tensor]:
+    """``task stats``: tree depth, branching, repeated terminals, and how often the answer is
+    the query terminal itself."""
+    depths, branching, repeated = _tree_shape(ds)
+    query = ds.tokens[torch.arange(len(ds)), ds.roles["query"]]
+    return {
+        "tree depth (edges)": torch.tensor(depths),
+        "branching factor": torch.tensor(branching),
+        "share of non-unique terminals": torch.tensor(repeated),
+        "answer equals query": (ds.answer == query).double(),
+    }
+
+
+#: Training batches sampled by :func:`typical_length`.
+TYPICAL_BATCHES = 16
+
+
+def typical_length(cfg: ATRConfig, batch_size: int) -> int:
+    """Documents vary from a few tokens to ``max_yield`` (1023 tokens): the median width of
+    the first TYPICAL_BATCHES training batches (generated here, in milliseconds) stands for
+    them, not the longest possible."""
+    sample = generate_atr(cfg, "train", TYPICAL_BATCHES * batch_size)["lengths"]
+    return int(sample.view(TYPICAL_BATCHES, batch_size).amax(1).median())
+
+
+# --------------------------------------------------------------------------------- presets
+PRESETS = {
+    "paper": {
+        "task": {"kind": "atr"},
+        "model": {"d_model": 64, "n_layers": 2},
+        "training": {"lr": 1e-3, "batch_size": 32, "epochs": 32},
+    },
+    # Not measured: ATR at its paper grammar, init as for AR, a tenth of the paper's epochs.
+    "quick": {
+        "task": {"kind": "atr", "n_train": 32_000},
+        "model": {"d_model": 64, "n_layers": 2, "init_std": 0.1},
+        "training": {"lr": 1e-3, "batch_size": 32, "epochs": 3, "eval_every": 250},
+    },
+    "tiny": {
+        "task": {"kind": "atr", "n_train": 640, "n_dev": 32, "n_test": 32},
+        "model": {"d_model": 16, "n_layers": 2, "init_std": 0.1},
+        "training": {"steps": 40, "batch_size": 16, "eval_every": 20, "lr": 3e-3},
+    },
+}
+
+TASK = Task(
+    kind="atr",
+    label="ATR",
+    config=ATRConfig,
+    generate=generate_atr,
+    token_names=token_names,
+    max_length=max_length,
+    # Terminals repeat within yields, so "absent from the document" is often impossible; the
+    # paper swaps the terminal for any other.
+    key_class=key_class,
+    corrupt_to_absent=False,
+    default_epochs=32,  # §5
+    paper_lrs=(3e-5, 1e-4, 3e-4, 1e-3, 3e-3),
+    presets=PRESETS,
+    shared=build_grammar,
+    trees=ATRTrees,
+    describe=describe,
+    stats=tree_stats,
+    typical_length=typical_length,
+)

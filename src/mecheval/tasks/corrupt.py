@@ -1,11 +1,12 @@
-"""Counterfactual documents: the token at ``roles["key"]`` replaced by another of its class.
+"""Counterfactual documents: the token at ``roles["key"]`` replaced by another of its class
+(the task's ``key_class``).
 
-* AR: another key id, drawn uniformly among the keys that occur nowhere in the document, so
-  the corrupted query has no answer in context (the in-context key was the only instance of
-  the query key). Only if every key occurs in the document (n_pairs == n_keys) is it drawn
-  among all other keys.
-* ATR: another terminal, uniform over the other n_terminals - 1. Terminals repeat within
-  yields, so "absent from the document" is often impossible; the paper swaps the terminal.
+* A task with ``corrupt_to_absent`` (AR): another id, drawn uniformly among the class's ids
+  that occur nowhere in the document, so the corrupted query has no answer in context (the
+  in-context key was the only instance of the query key). Only if every id of the class occurs
+  in the document (n_pairs == n_keys) is it drawn among all other ids.
+* Otherwise (ATR): uniform over the other ids of the class. Terminals repeat within yields,
+  so "absent from the document" is often impossible; the paper swaps the terminal.
 
 Draws come from ``torch.Generator().manual_seed(seed)`` on the CPU, one per document in batch
 order, so (batch, seed) rebuilds the same pair. Exactly one token per document changes.
@@ -15,22 +16,23 @@ from __future__ import annotations
 
 import torch
 
+from mecheval.tasks.base import TaskConfigBase
 from mecheval.tasks.batch import Batch
-from mecheval.tasks.config import ARConfig, ATRConfig
-from mecheval.tasks.vocab import key_range
+from mecheval.tasks.registry import task_of
 
 
-def corrupt(batch: Batch, cfg: ARConfig | ATRConfig, seed: int) -> Batch:
+def corrupt(batch: Batch, cfg: TaskConfigBase, seed: int) -> Batch:
     gen = torch.Generator().manual_seed(seed)
     tokens = batch.tokens.cpu()
     rows = torch.arange(len(batch))
     pos = batch.roles["key"].cpu()
     old = tokens[rows, pos]
-    lo, hi = key_range(cfg)
+    task = task_of(cfg)
+    lo, hi = task.key_class(cfg)
     n_class = hi - lo
     if n_class < 2:
         raise ValueError("corrupt: the key class has a single token; nothing to swap in")
-    if isinstance(cfg, ARConfig) and len(batch):
+    if task.corrupt_to_absent and len(batch):
         present = torch.zeros(len(batch), n_class, dtype=torch.bool)
         in_class = (tokens >= lo) & (tokens < hi)
         r, c = in_class.nonzero(as_tuple=True)

@@ -17,37 +17,33 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from mecheval.io import atomic_save_safetensors
-from mecheval.tasks.ar import generate_ar
-from mecheval.tasks.atr import ATRTrees, generate_atr
+from mecheval.tasks.base import SPLITS, TaskConfigBase
 from mecheval.tasks.batch import ROLES, Batch
-from mecheval.tasks.config import ARConfig, ATRConfig
-from mecheval.tasks.pcfg import build_grammar
-from mecheval.tasks.vocab import max_length, token_names
+from mecheval.tasks.registry import max_length, task_of, token_names
 
 #: Bump when generation changes, so stale caches are never reused.
 #: 2: rules are a head slot plus 1..L_max-1 symbols, yields under 3 symbols are rejected,
 #: heads are drawn per expansion and stored with the trees (``trees.heads``).
 FORMAT_VERSION = 2
-SPLITS = ("train", "dev", "test")
-_TREE_FIELDS = ("start", "parents", "yield_offsets", "rules", "heads", "rule_offsets")
 
 
 @dataclass
 class TaskDataset:
     """One split: ``tokens [N, T]`` long, right-padded with 0 to the split's longest document."""
 
-    cfg: ARConfig | ATRConfig
+    cfg: TaskConfigBase
     split: str
     tokens: torch.Tensor  # [N, T] long
     answer: torch.Tensor  # [N] long
     roles: dict[str, torch.Tensor]  # role -> [N] positions
     lengths: torch.Tensor  # [N] query position + 1
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # per doc, e.g. ATR "qtype"
-    trees: ATRTrees | None = None  # ATR only: each document's derivation
+    trees: Any = None  # the task's per-document structure (ATR: its derivations), if any
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -98,11 +94,14 @@ class TaskDataset:
 
     @classmethod
     def from_tensors(
-        cls, cfg: ARConfig | ATRConfig, split: str, t: dict[str, torch.Tensor]
+        cls, cfg: TaskConfigBase, split: str, t: dict[str, torch.Tensor]
     ) -> TaskDataset:
         trees = None
-        if isinstance(cfg, ATRConfig):
-            trees = ATRTrees(**{k: t[f"trees.{k}"] for k in _TREE_FIELDS})
+        tree_class = task_of(cfg).trees
+        if tree_class is not None:
+            trees = tree_class.from_tensors(
+                {k[len("trees.") :]: v for k, v in t.items() if k.startswith("trees.")}
+            )
         ds = cls(
             cfg=cfg,
             split=split,
@@ -129,56 +128,37 @@ class TaskDataset:
         if n and not bool((self.roles["query"] == self.lengths - 1).all()):
             raise ValueError("roles")
         if self.trees is not None:
-            if self.trees.yield_offsets.shape != (n + 1,) or self.trees.rule_offsets.shape != (
-                n + 1,
-            ):
-                raise ValueError("trees")
-            if int(self.trees.yield_offsets[-1]) != self.trees.parents.numel():
-                raise ValueError("trees")
-            if int(self.trees.rule_offsets[-1]) != self.trees.rules.numel():
-                raise ValueError("trees")
-            if self.trees.heads.shape != self.trees.rules.shape:
-                raise ValueError("trees")
+            self.trees.check(n)
 
 
-def config_hash(cfg: ARConfig | ATRConfig) -> str:
+def config_hash(cfg: TaskConfigBase) -> str:
     blob = json.dumps({"v": FORMAT_VERSION, "cfg": cfg.model_dump(mode="json")}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def cache_path(cfg: ARConfig | ATRConfig, cache_dir: Path) -> Path:
+def cache_path(cfg: TaskConfigBase, cache_dir: Path) -> Path:
     return Path(cache_dir) / f"{cfg.kind}-{config_hash(cfg)}.safetensors"
 
 
-#: Training batches sampled by :func:`typical_batch_length`.
-TYPICAL_BATCHES = 16
-
-
-def typical_batch_length(cfg: ARConfig | ATRConfig, batch_size: int) -> int:
+def typical_batch_length(cfg: TaskConfigBase, batch_size: int) -> int:
     """The padded width of a typical training batch: the sequence length at which to time a
-    training step. AR documents all have the same length; ATR's vary from a few tokens to
-    ``max_yield`` (1023 tokens), so the median width of the first TYPICAL_BATCHES training
-    batches (generated here, in milliseconds) stands for them, not the longest possible."""
-    if isinstance(cfg, ARConfig):
-        return max_length(cfg)
-    sample = generate_atr(cfg, "train", TYPICAL_BATCHES * batch_size)["lengths"]
-    return int(sample.view(TYPICAL_BATCHES, batch_size).amax(1).median())
+    training step (the task's ``typical_length``; its longest document where lengths are
+    fixed)."""
+    typical = task_of(cfg).typical_length
+    return max_length(cfg) if typical is None else typical(cfg, batch_size)
 
 
-def _generate(cfg: ARConfig | ATRConfig) -> dict[str, TaskDataset]:
-    sizes = {"train": cfg.n_train, "dev": cfg.n_dev, "test": cfg.n_test}
+def _generate(cfg: TaskConfigBase) -> dict[str, TaskDataset]:
+    task = task_of(cfg)
+    shared = None if task.shared is None else task.shared(cfg)
     out = {}
-    grammar = build_grammar(cfg) if isinstance(cfg, ATRConfig) else None
     for split in SPLITS:
-        if isinstance(cfg, ARConfig):
-            parts = generate_ar(cfg, split, sizes[split])
-        else:
-            parts = generate_atr(cfg, split, sizes[split], grammar)
+        parts = task.generate(cfg, split, cfg.split_size(split), shared)
         out[split] = TaskDataset(cfg=cfg, split=split, **parts)
     return out
 
 
-def _load(cfg: ARConfig | ATRConfig, path: Path) -> dict[str, TaskDataset] | None:
+def _load(cfg: TaskConfigBase, path: Path) -> dict[str, TaskDataset] | None:
     from safetensors import safe_open
 
     try:
@@ -197,14 +177,13 @@ def _load(cfg: ARConfig | ATRConfig, path: Path) -> dict[str, TaskDataset] | Non
     except Exception:
         # Truncated, corrupt or inconsistent: rebuild rather than trust any of it.
         return None
-    sizes = {"train": cfg.n_train, "dev": cfg.n_dev, "test": cfg.n_test}
-    if any(len(out[s]) != sizes[s] for s in SPLITS):
+    if any(len(out[s]) != cfg.split_size(s) for s in SPLITS):
         return None
     return out
 
 
 def build_datasets(
-    cfg: ARConfig | ATRConfig, cache_dir: Path | str | None = None
+    cfg: TaskConfigBase, cache_dir: Path | str | None = None
 ) -> dict[str, TaskDataset]:
     """The "train", "dev" and "test" datasets of ``cfg``; cached under ``cache_dir`` if given."""
     if cache_dir is None:

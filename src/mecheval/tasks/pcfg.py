@@ -41,10 +41,14 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mecheval.tasks.config import ATRConfig
+from mecheval.tasks.base import numpy_rng
+
+if TYPE_CHECKING:
+    from mecheval.tasks.atr import ATRConfig
 
 #: The head slot in :meth:`Grammar.rhs`: filled by a head terminal drawn at each expansion.
 HEAD_SLOT = -1
@@ -89,7 +93,7 @@ class Grammar:
 
 
 def build_grammar(cfg: ATRConfig) -> Grammar:
-    rng = np.random.default_rng([cfg.grammar_seed, 0x9CF6])
+    rng = numpy_rng(cfg.grammar_seed, 0x9CF6)
     n_t, n_n = cfg.n_terminals, cfg.n_nonterminals
     depth = rng.integers(1, cfg.max_depth + 1, size=n_n)
     head_probs = rng.dirichlet(np.ones(n_t), size=n_n)

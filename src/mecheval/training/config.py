@@ -14,16 +14,15 @@ from typing import Any, Literal
 
 import torch
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator
+from pydantic_core import PydanticCustomError
 
 from mecheval.errors import ConfigError, validate
 from mecheval.models import ModelConfig, build_model
 from mecheval.models.mixers.base import Mixer
-from mecheval.tasks import TaskConfig, max_length, vocab_size
+from mecheval.tasks import TASKS, TaskConfig, get_task, max_length, vocab_size
 from mecheval.training.precision import Precision
 
-#: Paper epochs per task kind (§4.1: AR 16, §5: ATR 32).
-DEFAULT_EPOCHS: dict[str, int] = {"ar": 16, "atr": 32}
 #: Evaluations per run when ``eval_every`` is unset.
 DEFAULT_EVALS = 20
 
@@ -36,7 +35,7 @@ class TrainConfig(BaseModel):
     lr: float = Field(1e-3, gt=0.0, description="peak learning rate")
     batch_size: int = Field(32, ge=1)
     epochs: int | None = Field(
-        None, ge=1, description="passes over the train set; unset: 16 for AR, 32 for ATR"
+        None, ge=1, description="passes over the train set; unset: the task's (AR 16, ATR 32)"
     )
     steps: int | None = Field(None, ge=1, description="optimizer steps; overrides epochs")
     warmup_fraction: float = Field(0.1, ge=0.0, le=1.0)
@@ -103,9 +102,20 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str | None = Field(None, pattern=r"^[A-Za-z0-9._=+-]+$", description="run folder name")
-    task: TaskConfig
+    task: SerializeAsAny[TaskConfig]  # any registered task's config, chosen by its kind
     model: ModelConfig = Field(default_factory=ModelConfig)
     training: TrainConfig = Field(default_factory=TrainConfig)
+
+    @field_validator("task", mode="wrap")
+    @classmethod
+    def _registered_task(cls, data: Any, handler: Any) -> TaskConfig:
+        if isinstance(data, TaskConfig):
+            return data
+        kind = data.get("kind") if isinstance(data, dict) else None
+        if kind not in TASKS:
+            raise PydanticCustomError("unknown_task", f"kind must be one of: {', '.join(TASKS)}")
+        # Its ValidationError keeps the field's location (task.n_pairs), for errors.describe.
+        return get_task(kind).config.model_validate(data)
 
 
 # --------------------------------------------------------------------------- derived values
@@ -121,7 +131,7 @@ def total_steps(cfg: RunConfig) -> int:
     t = cfg.training
     if t.steps is not None:
         return t.steps
-    epochs = t.epochs if t.epochs is not None else DEFAULT_EPOCHS[cfg.task.kind]
+    epochs = t.epochs if t.epochs is not None else get_task(cfg.task.kind).default_epochs
     return epochs * steps_per_epoch(cfg)
 
 
@@ -160,20 +170,12 @@ def resolve(cfg: RunConfig) -> RunConfig:
     vocab, length = vocab_size(cfg.task), max_length(cfg.task)
     queries = cfg.training.train_queries
     if queries > 1:
-        task = cfg.task
-        if task.kind != "ar":
-            raise ConfigError("training.train_queries: extra queries are supported for AR only")
-        if getattr(task, "min_pairs", None) not in (None, task.n_pairs):
+        check = get_task(cfg.task.kind).check_train_queries
+        if check is None:
             raise ConfigError(
-                "training.train_queries: extra queries need fixed-length documents "
-                "(task.min_pairs unset)"
+                f"training.train_queries: task {cfg.task.kind!r} takes no extra queries"
             )
-        if queries > task.n_pairs:
-            raise ConfigError(
-                f"training.train_queries: {queries} exceeds task.n_pairs={task.n_pairs}"
-            )
-        # Each extra query adds its predecessor's answer and itself to the training documents.
-        length += 2 * (queries - 1)
+        length += check(cfg.task, queries)
     model = cfg.model
     if model.vocab_size is not None and model.vocab_size < vocab:
         raise ConfigError(
@@ -195,7 +197,7 @@ def resolve(cfg: RunConfig) -> RunConfig:
     # With an explicit step count, epochs would be a misleading number in the dumped config.
     epochs = t.epochs
     if epochs is None and t.steps is None:
-        epochs = DEFAULT_EPOCHS[cfg.task.kind]
+        epochs = get_task(cfg.task.kind).default_epochs
     eval_every = (
         t.eval_every if t.eval_every is not None else max(1, math.ceil(total / DEFAULT_EVALS))
     )

@@ -73,7 +73,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 
 from mecheval.io import atomic_save_safetensors, atomic_write_text
-from mecheval.tasks import Batch
+from mecheval.tasks import Batch, get_task
 from mecheval.training.checkpoint import has_checkpoint, remove_checkpoint, save_checkpoint
 from mecheval.training.config import (
     RunConfig,
@@ -102,7 +102,6 @@ from mecheval.training.trainer import (
     NullReporter,
     Reporter,
     Trainer,
-    extend_queries,
 )
 
 #: Training fields that may differ within a group: each member gets its own value.
@@ -352,7 +351,7 @@ class GroupTrainer:
                 )
             # The same extra queries as Trainer.loss: drawn from (member seed, step).
             extended = [
-                extend_queries(
+                get_task(self.cfgs[0].task.kind).extend_queries(
                     b,
                     self.t.train_queries,
                     self.members[k].query_generator(step),

@@ -22,7 +22,7 @@ from torch import nn
 
 from mecheval.models import LanguageModel, build_model
 from mecheval.models.kernels import fused_kernels, require_fused
-from mecheval.tasks import Batch
+from mecheval.tasks import Batch, get_task
 from mecheval.training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from mecheval.training.config import RunConfig, total_steps, warmup_steps
 from mecheval.training.metrics import MetricsLog, answer_loss, evaluate, multi_answer_loss
@@ -76,41 +76,6 @@ def _generator(*entropy: int) -> torch.Generator:
 def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
     """The permutation of ``n`` train documents used in ``epoch``: a function of (seed, epoch)."""
     return torch.randperm(n, generator=_generator(seed, epoch, _ORDER_STREAM))
-
-
-def extend_queries(
-    batch: Batch, n_queries: int, generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """AR documents ``<bos> k1 v1 .. kp vp <div> q1`` -> ``... <div> q1 a1 q2 a2 .. qQ``.
-
-    q1 is the document's own query; q2..qQ are other keys of the same document, distinct,
-    drawn with ``generator``. Returns (tokens [B, T + 2(Q-1)], query positions [Q],
-    answers [B, Q]). Needs fixed-length documents (one divider position for the batch).
-    """
-    tokens, divider = batch.tokens, batch.roles["divider"]
-    d = int(divider[0])
-    if not bool((divider == d).all()) or (d - 1) % 2 or tokens.shape[1] != d + 2:
-        raise ValueError("extend_queries: needs fixed-length AR documents")
-    b, pairs = tokens.shape[0], (d - 1) // 2
-    if n_queries > pairs:
-        raise ValueError(f"extend_queries: {n_queries} queries but only {pairs} pairs")
-    keys, values = tokens[:, 1:d:2], tokens[:, 2:d:2]
-    own = (batch.roles["key"] - 1) // 2
-    # A random order of the other pairs: sort random scores with the own pair forced last.
-    scores = torch.rand(b, pairs, generator=generator).to(tokens.device)
-    scores[torch.arange(b), own] = 2.0
-    others = scores.argsort(dim=1)[:, : n_queries - 1]
-    order = torch.cat([own[:, None], others], dim=1)  # [B, Q]
-    rows = torch.arange(b, device=tokens.device)[:, None]
-    queries, answers = keys[rows, order], values[rows, order]
-    if not torch.equal(queries[:, 0], tokens[:, d + 1]) or not torch.equal(
-        answers[:, 0], batch.answer
-    ):
-        raise ValueError("extend_queries: documents do not have the AR layout")
-    # Interleave a1 q2 a2 q3 ... qQ after the original query (the last answer is the target).
-    tail = torch.stack([answers[:, :-1], queries[:, 1:]], dim=2).reshape(b, -1)
-    positions = d + 1 + 2 * torch.arange(n_queries, device=tokens.device)
-    return torch.cat([tokens, tail], dim=1), positions, answers
 
 
 def init_model(cfg: RunConfig) -> LanguageModel:
@@ -242,7 +207,8 @@ class Trainer:
             if self.t.train_queries == 1:
                 return answer_loss(model, batch)
             generator = self.query_generator(self.step)
-            tokens, positions, answers = extend_queries(batch, self.t.train_queries, generator)
+            extend = get_task(self.cfg.task.kind).extend_queries
+            tokens, positions, answers = extend(batch, self.t.train_queries, generator)
             return multi_answer_loss(model, tokens, positions, answers)
 
     def train_step(self, batch: Batch) -> float:

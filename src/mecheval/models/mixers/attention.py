@@ -10,13 +10,13 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from mecheval.models.mixers.base import Mixer
+from mecheval.models.mixers.base import Mixer, table1_constant
 
 
 class AttentionOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     num_heads: int = Field(1, ge=1)
-    dropout: float = Field(0.0, ge=0.0, le=0.0, description="kept for Table 1; always 0")
+    dropout: float = table1_constant(0.0)
     qkv_bias: bool = Field(False, description="bias on the q/k/v projection (paper's runs: off)")
 
 

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import nn
 
 from mecheval.models import kernels
 from mecheval.models.sites import Site
+
+
+def table1_constant(value: Any) -> Any:
+    """An option the paper's Table 1 lists that mecheval builds with one value only (no
+    dropout, one Hyena head and block, ...): accepted, so that configs written after Table 1
+    load, and any other value is an error. Every such option is listed in
+    docs/architecture.md ("Options fixed by the paper's Table 1")."""
+    bounds = {} if isinstance(value, bool) else {"ge": value, "le": value}
+    return Field(value, description=f"paper Table 1; only {value!r}", **bounds)
 
 
 def mark_inert(parameter: nn.Parameter) -> nn.Parameter:

@@ -44,7 +44,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
-from mecheval.models.mixers.base import Mixer
+from mecheval.models.mixers.base import Mixer, table1_constant
 from mecheval.models.mixers.long_conv import causal_long_conv
 from mecheval.models.sites import Site
 
@@ -66,7 +66,7 @@ class H3Options(BaseModel):
     )
     dt_min: float = Field(0.001, gt=0.0)
     dt_max: float = Field(0.1, gt=0.0)
-    dropout: float = Field(0.0, ge=0.0, le=0.0, description="kept for Table 1; always 0")
+    dropout: float = table1_constant(0.0)
 
     @field_validator("d_state")
     @classmethod

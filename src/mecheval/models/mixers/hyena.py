@@ -28,7 +28,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
-from mecheval.models.mixers.base import Mixer, ShortConv
+from mecheval.models.mixers.base import Mixer, ShortConv, table1_constant
 from mecheval.models.mixers.long_conv import ImplicitFilter, ImplicitLongConv
 
 
@@ -43,12 +43,12 @@ class HyenaOptions(BaseModel):
         description="add the learned D * input skip to the long conv (paper's runs: off, "
         "zoology Filter(bias=False))",
     )
-    num_heads: int = Field(1, ge=1, le=1, description="kept for Table 1; only 1")
-    num_blocks: int = Field(1, ge=1, le=1, description="kept for Table 1; only 1")
-    outer_mixing: Literal[False] = Field(False, description="kept for Table 1; only False")
-    bidirectional: Literal[False] = Field(False, description="kept for Table 1; only False")
-    dropout: float = Field(0.0, ge=0.0, le=0.0, description="kept for Table 1; always 0")
-    filter_dropout: float = Field(0.0, ge=0.0, le=0.0, description="kept for Table 1; always 0")
+    num_heads: int = table1_constant(1)
+    num_blocks: int = table1_constant(1)
+    outer_mixing: Literal[False] = table1_constant(False)
+    bidirectional: Literal[False] = table1_constant(False)
+    dropout: float = table1_constant(0.0)
+    filter_dropout: float = table1_constant(0.0)
 
     @field_validator("emb_dim")
     @classmethod

@@ -1,7 +1,8 @@
 """The contract every architecture must meet, as checks runnable on any registered mixer.
 
 ``mecheval check-mixer NAME`` runs them on a built-in or a plugin architecture, and the test
-suite runs them on every registered one (tests/test_models.py). Each check builds small
+suite runs them on every registered one (tests/test_models.py). It uses models, tasks and
+interventions together, so it sits above all three, beside experiments. Each check builds small
 models itself and raises :class:`CheckFailed` with a one-line reason. What they guard:
 
 * ``shapes``: every mixer maps [B, T, d] to [B, T, d] (checked at the mixer, before the
@@ -47,11 +48,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from mecheval.interventions import engine
 from mecheval.models.backbone import LanguageModel, build_model
 from mecheval.models.config import ModelConfig
 from mecheval.models.mixers.base import Mixer, is_inert
 from mecheval.models.registry import get_architecture, parse_options
 from mecheval.models.sites import Site, get_site, iter_sites, site_names
+from mecheval.tasks import ROLES, ARConfig, Batch, build_datasets, corrupt, vocab_size
 
 VOCAB = 23
 MAX_LEN = 48
@@ -317,8 +320,6 @@ def _close(a: Any, b: Any) -> Any:
 
 
 def check_interchange(arch: str, options: Mapping[str, Any] | None = None) -> str:
-    from mecheval.interventions import engine
-    from mecheval.tasks import ROLES, ARConfig, Batch, build_datasets, corrupt, vocab_size
 
     task = ARConfig(kind="ar", n_keys=8, n_values=8, n_pairs=3, n_train=0, n_dev=N_DOCS, n_test=0)
     assert vocab_size(task) <= VOCAB

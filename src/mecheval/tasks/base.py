@@ -1,0 +1,118 @@
+"""What every task shares: its config's common fields, the splits, seeded generators, and the
+:class:`Task` record that the task registry (tasks/registry.py) maps a kind to.
+
+A task is one module (tasks/ar.py, tasks/atr.py) that defines its config class, its document
+generator and a ``TASK = Task(...)``; one line in tasks/registry.py (or :func:`register_task`
+from outside the package) makes every stage use it: datasets, corruption, training defaults,
+presets, the experiment catalog, ``mecheval task show|stats`` and the report's labels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
+
+if TYPE_CHECKING:
+    from mecheval.tasks.batch import Batch
+    from mecheval.tasks.dataset import TaskDataset
+
+SPLITS = ("train", "dev", "test")
+#: Each split's entry in its seed: the splits draw from disjoint streams of one seed.
+SPLIT_IDS = {split: i for i, split in enumerate(SPLITS)}
+
+
+class TaskConfigBase(BaseModel):
+    """The fields every task config has; a task's config subclasses it and adds
+    ``kind: Literal["<its kind>"] = "<its kind>"`` and its own fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # ``kind`` is declared by each subclass (after these fields, as the cached configs have it).
+    seed: int = Field(0, ge=0, description="data seed: same config, same documents")
+    n_train: int = Field(100_032, ge=0, description="training documents (paper: 100,032)")
+    n_dev: int = Field(320, ge=0, description="dev documents (paper: 320)")
+    n_test: int = Field(320, ge=0, description="test documents (paper: 320)")
+
+    def split_size(self, split: str) -> int:
+        return {"train": self.n_train, "dev": self.n_dev, "test": self.n_test}[split]
+
+
+def out_of_range(msg: str, got: object) -> PydanticCustomError:
+    """A field validator's error: one line, and the field in its location."""
+    # A custom error keeps pydantic's "Value error, " prefix out of the one-line message.
+    del got  # errors.describe appends the offending input itself
+    return PydanticCustomError("out_of_range", msg)
+
+
+def check_split(fraction: float, total: int, what: str) -> None:
+    """A held-out fraction of ``total`` pairs must leave at least one pair on each side."""
+    held = round(fraction * total)
+    if held < 1 or held >= total:
+        raise out_of_range(
+            f"holds out {held} of {total} {what} pairs; allowed fractions leave at least one "
+            f"test and one train pair, i.e. {0.5 / total:.3g} < fraction < {1 - 0.5 / total:.6g}",
+            fraction,
+        )
+
+
+def numpy_rng(*entropy: int) -> np.random.Generator:
+    """A NumPy generator seeded from the integers ``entropy`` (through NumPy's SeedSequence)."""
+    return np.random.default_rng(list(entropy))
+
+
+def torch_generator(*entropy: int) -> torch.Generator:
+    """A CPU torch generator seeded from the integers ``entropy`` (NumPy's SeedSequence, one
+    63-bit word): distinct entropy tuples give independent streams."""
+    seed = int(np.random.SeedSequence(list(entropy)).generate_state(1, dtype=np.uint64)[0])
+    return torch.Generator().manual_seed(seed & ((1 << 63) - 1))
+
+
+#: (cfg, split, n documents, the task's shared state) -> the arrays of a TaskDataset:
+#: tokens, answer, roles, lengths, extras (and trees, for a task that keeps derivations).
+Generator = Callable[[Any, str, int, Any], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task kind: everything the pipeline needs to know about it, in one record."""
+
+    kind: str
+    label: str  # how reports name it: "AR"
+    config: type[TaskConfigBase]
+    generate: Generator
+    #: names of the task's own token ids, which follow the special tokens (tasks/vocab.py)
+    token_names: Callable[[Any], list[str]]
+    #: most input tokens of a document (query position + 1): the position-embedding size
+    max_length: Callable[[Any], int]
+    #: [lo, hi) ids of the class a corrupted key is drawn from
+    key_class: Callable[[Any], tuple[int, int]]
+    #: corruption draws among the class's ids absent from the document (AR: the corrupted query
+    #: then has no answer in context); False: among all other ids of the class
+    corrupt_to_absent: bool
+    default_epochs: int  # the paper's epochs for this task
+    paper_lrs: tuple[float, ...]  # the paper's learning-rate grid
+    #: preset name ("paper", "quick", "tiny") -> run config data (task, model, training)
+    presets: Mapping[str, Mapping[str, Any]]
+    #: per-architecture peak LR of the quick preset (others keep the preset's)
+    quick_lrs: Mapping[str, float] = field(default_factory=dict)
+    #: state built once per config and passed to every split's generator (ATR's grammar)
+    shared: Callable[[Any], Any] | None = None
+    #: a per-document structure stored with the dataset (ATR's derivation trees): a class with
+    #: ``tensors() -> dict`` and ``from_tensors(dict)``
+    trees: Any = None
+    #: ``task show``: text printed after document i's answer
+    describe: Callable[[TaskDataset, int], str] | None = None
+    #: ``task stats``: statistics beyond the shared ones (lengths, role distances)
+    stats: Callable[[TaskDataset], dict[str, torch.Tensor]] | None = None
+    #: the padded width of a typical training batch, where lengths vary (default: max_length)
+    typical_length: Callable[[Any, int], int] | None = None
+    #: training.train_queries > 1: (cfg, n) -> extra tokens, after checking the config can
+    #: take n queries, and (batch, n, generator) -> (tokens, positions, answers)
+    check_train_queries: Callable[[Any, int], int] | None = None
+    extend_queries: Callable[[Batch, int, torch.Generator], tuple] | None = None

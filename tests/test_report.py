@@ -24,7 +24,7 @@ from mecheval.report import (
     write_figure,
     write_html,
 )
-from mecheval.report.figures import available_figures
+from mecheval.report.registry import available_figures
 from mecheval.report.tables import normalise, t975
 
 matplotlib.use("Agg")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from mecheval.models.sites import LAST, layer_site
+from mecheval.models.sites import LAST, describe_site, layer_site
 from mecheval.report.registry import figure
 from mecheval.report.render import Curves, Heatmaps, dev_test_scatter
 from mecheval.report.select import (
@@ -264,7 +264,7 @@ def generalisation(df: pd.DataFrame) -> Heatmaps:
             for split in ("dev", "test")
             for role in ("key", "value", "query")
         ]
-        title = f"(c) interventions at {RESTORE_SITE}"
+        title = f"(c) interventions at {describe_site(RESTORE_SITE)}"
         sections.append(by_arch([(rel, measures)], title, tune_metric="accuracy"))
     # (b): every run's final dev vs test accuracy, the best-by-dev ones ringed.
     acc = measure_values(
@@ -411,7 +411,7 @@ def emergence(df: pd.DataFrame) -> Curves:
     )
     return Curves(
         title="mechanistic metrics over training",
-        plot_title=f"restored likelihood at {RESTORE_SITE} over training",
+        plot_title=f"restored likelihood at {describe_site(RESTORE_SITE)} over training",
         data=data,
         panels=panels,
         measures=[m.label for m in measures],

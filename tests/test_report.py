@@ -24,7 +24,7 @@ from mecheval.report import (
     write_figure,
     write_html,
 )
-from mecheval.report.figures import available_figures
+from mecheval.report.registry import available_figures
 from mecheval.report.tables import normalise, t975
 
 matplotlib.use("Agg")
@@ -466,6 +466,9 @@ def test_emergence_figure():
     assert data.loc[("Restored @ value", 100), "mean"] == pytest.approx(40.5)
     assert "| 32 | 200 | 90.0 ± 0.0 | 10.0 ± 0.0 | 10.0 ± 0.0 | 81.0 ± 12.7 |" in result.markdown
     assert isinstance(result.figure, Figure) and len(result.figure.axes) == 1
+    # The title says the site in words, not as the template layers.{last}.input.
+    title = " ".join(result.figure.get_suptitle().split())
+    assert title == "emergence: restored likelihood at the last layer's input over training"
     with pytest.raises(ConfigError, match="^figure emergence: no runs with interventions at two"):
         FIGURES["emergence"](pd.DataFrame(rows[: len(rows) // 2]).assign(step=200))
 

@@ -1,7 +1,10 @@
 """The report stage: tables and paper figures from an experiment's tidy results table."""
 
-from mecheval.report.figures import FIGURES, FigureResult, available_figures
+# Importing the specs fills FIGURES (each registers itself), before anyone can ask for one.
+from mecheval.report import specs  # noqa: F401
 from mecheval.report.html import markdown_to_html, write_figure, write_html
+from mecheval.report.registry import FIGURES, available_figures, figure
+from mecheval.report.render import FigureResult
 from mecheval.report.tables import (
     Measure,
     best_lr,
@@ -18,6 +21,7 @@ __all__ = [
     "FigureResult",
     "Measure",
     "available_figures",
+    "figure",
     "best_lr",
     "final_behaviour",
     "load_table",

@@ -12,7 +12,8 @@ from pathlib import Path
 import pandas as pd
 
 from mecheval.io import atomic_write_bytes, atomic_write_text
-from mecheval.report.figures import FigureResult, available_figures
+from mecheval.report.registry import available_figures
+from mecheval.report.render import FigureResult
 
 
 def figure_bytes(result: FigureResult, fmt: str, dpi: int = 150) -> bytes:

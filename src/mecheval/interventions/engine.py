@@ -19,7 +19,8 @@ key, before any mixing) are not run at all: their result is the corrupted result
     condition   original | corrupted | restored
     site        "" for original / corrupted, else the patched site
     role        "" for original / corrupted, else the patched role
-    metric      likelihood (mean p(answer)) | accuracy (mean argmax == answer)
+    metric      one of RESTORE_METRICS: likelihood (mean p(answer)) | accuracy (mean
+                argmax == answer), scored by tasks/scores.py in float64
     value       float
 
 ``per_example`` holds one row per (document, site, role) with the restored likelihood, next
@@ -39,6 +40,11 @@ from mecheval.interventions.patch import patch, record
 from mecheval.models.backbone import LanguageModel
 from mecheval.models.sites import FINAL_NORM_INPUT, layer_site, site_names, split_layer
 from mecheval.tasks.batch import ROLES, Batch
+from mecheval.tasks.scores import answer_scores
+
+#: The scores (tasks/scores.py) reported per condition, site and role; likelihood first (the
+#: per-example table and the mechanism labels read it).
+RESTORE_METRICS = ("likelihood", "accuracy")
 
 
 @dataclass(frozen=True)
@@ -64,11 +70,9 @@ class InterchangeResult:
         return float(rows.value.iloc[0])
 
 
-def answer_scores(logits: torch.Tensor, answer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(p(answer), argmax == answer) per row, from logits [N, V] at the query."""
-    probs = torch.softmax(logits.float(), dim=-1)
-    likelihood = probs.gather(1, answer[:, None])[:, 0]
-    return likelihood, (probs.argmax(-1) == answer).float()
+def _scores(logits: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
+    """The :data:`RESTORE_METRICS` per row, [len(RESTORE_METRICS), N] float64."""
+    return torch.stack(list(answer_scores(logits, answer, RESTORE_METRICS).values()))
 
 
 def _restart(model: LanguageModel, site: str) -> tuple[str, int, bool]:
@@ -130,11 +134,11 @@ def interchange(
     restarts = {site: _restart(model, site) for site in sites}
     cached = sorted(set(sites) | {start for start, _, _ in restarts.values() if start})
     with record(model, sites) as source:
-        p_orig, acc_orig = answer_scores(model(original.tokens, at=original.query), answer)
+        s_orig = _scores(model(original.tokens, at=original.query), answer)
     with record(model, cached) as base:
-        p_corr, acc_corr = answer_scores(model(corrupted.tokens, at=corrupted.query), answer)
+        s_corr = _scores(model(corrupted.tokens, at=corrupted.query), answer)
 
-    rows = _baseline_rows(p_orig, acc_orig, p_corr, acc_corr)
+    rows = _baseline_rows(s_orig, s_corr)
     docs = torch.arange(n)
     per_example = []
     if not roles:
@@ -147,8 +151,7 @@ def interchange(
         values = source[site][doc_of_row, src_pos]
         # Where the source equals what the corrupted run already has (e.g. every position
         # but the key before any mixing), the patched run *is* the corrupted run.
-        likelihood = p_corr[doc_of_row].clone()
-        accuracy = acc_corr[doc_of_row].clone()
+        scores = s_corr[:, doc_of_row].clone()
         todo = (values != base[site][doc_of_row, dst_pos]).flatten(1).any(1).nonzero()[:, 0]
         start, first, direct = restarts[site]
         tail = not _in_last_block_tail(model, site)
@@ -165,21 +168,20 @@ def interchange(
             else:
                 with patch(model, site, dst_, values[rows_]):
                     logits = model(corrupted.tokens[docs_], at=at_)
-            likelihood[rows_], accuracy[rows_] = answer_scores(logits, answer[docs_])
-        p_all = likelihood.view(len(roles), n)
-        a_all = accuracy.view(len(roles), n)
+            scores[:, rows_] = _scores(logits, answer[docs_])
+        by_role = scores.view(len(RESTORE_METRICS), len(roles), n)
         for k, role in enumerate(roles):
-            rows.append(("restored", site, role, "likelihood", p_all[k].mean().item()))
-            rows.append(("restored", site, role, "accuracy", a_all[k].mean().item()))
+            for m, metric in enumerate(RESTORE_METRICS):
+                rows.append(("restored", site, role, metric, by_role[m, k].mean().item()))
             per_example.append(
                 pd.DataFrame(
                     {
                         "doc": docs.numpy(),
                         "site": site,
                         "role": role,
-                        "restored": p_all[k].numpy(),
-                        "original": p_orig.numpy(),
-                        "corrupted": p_corr.numpy(),
+                        "restored": by_role[0, k].numpy(),
+                        "original": s_orig[0].numpy(),
+                        "corrupted": s_corr[0].numpy(),
                     }
                 )
             )
@@ -204,25 +206,27 @@ def naive_interchange(
     sites = list(sites) if sites is not None else site_names(model)
     roles = list(roles) if roles is not None else list(ROLES)
     _check(original, corrupted, roles)
-    p_orig, acc_orig = answer_scores(model(original.tokens, at=original.query), original.answer)
-    p_corr, acc_corr = answer_scores(model(corrupted.tokens, at=corrupted.query), original.answer)
-    rows = _baseline_rows(p_orig, acc_orig, p_corr, acc_corr)
+    s_orig = _scores(model(original.tokens, at=original.query), original.answer)
+    s_corr = _scores(model(corrupted.tokens, at=corrupted.query), original.answer)
+    rows = _baseline_rows(s_orig, s_corr)
     per_example = []
     for site in sites:
         for role in roles:
-            ps, accs = [], []
+            restored = []
             for b in range(len(original)):
                 one_o, one_c = original.select(slice(b, b + 1)), corrupted.select(slice(b, b + 1))
                 with record(model, [site]) as source:
                     model(one_o.tokens, at=one_o.query)
                 value = source[site][0, one_o.roles[role][0]][None]
                 with patch(model, site, one_c.roles[role], value):
-                    p, a = answer_scores(model(one_c.tokens, at=one_c.query), one_o.answer)
-                ps.append(p.item())
-                accs.append(a.item())
-                per_example.append((b, site, role, p.item(), p_orig[b].item(), p_corr[b].item()))
-            rows.append(("restored", site, role, "likelihood", sum(ps) / len(ps)))
-            rows.append(("restored", site, role, "accuracy", sum(accs) / len(accs)))
+                    one = _scores(model(one_c.tokens, at=one_c.query), one_o.answer)[:, 0]
+                restored.append(one.tolist())
+                per_example.append(
+                    (b, site, role, one[0].item(), s_orig[0, b].item(), s_corr[0, b].item())
+                )
+            for m, metric in enumerate(RESTORE_METRICS):
+                values = [r[m] for r in restored]
+                rows.append(("restored", site, role, metric, sum(values) / len(values)))
     table = pd.DataFrame(rows, columns=["condition", "site", "role", "metric", "value"])
     examples = pd.DataFrame(
         per_example, columns=["doc", "site", "role", "restored", "original", "corrupted"]
@@ -231,13 +235,12 @@ def naive_interchange(
 
 
 def _baseline_rows(
-    p_orig: torch.Tensor, acc_orig: torch.Tensor, p_corr: torch.Tensor, acc_corr: torch.Tensor
+    s_orig: torch.Tensor, s_corr: torch.Tensor
 ) -> list[tuple[str, str, str, str, float]]:
     return [
-        ("original", "", "", "likelihood", p_orig.mean().item()),
-        ("original", "", "", "accuracy", acc_orig.mean().item()),
-        ("corrupted", "", "", "likelihood", p_corr.mean().item()),
-        ("corrupted", "", "", "accuracy", acc_corr.mean().item()),
+        (condition, "", "", metric, scores[m].mean().item())
+        for condition, scores in (("original", s_orig), ("corrupted", s_corr))
+        for m, metric in enumerate(RESTORE_METRICS)
     ]
 
 

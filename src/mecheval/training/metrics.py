@@ -17,8 +17,9 @@ from torch import nn
 
 from mecheval.io import atomic_write_csv
 from mecheval.tasks import Batch
+from mecheval.tasks.scores import SCORES, answer_scores
 
-METRICS = ("likelihood", "accuracy", "loss")
+METRICS = tuple(SCORES)
 CSV_HEADER = ("step", "split", "metric", "value")
 
 
@@ -46,14 +47,8 @@ def multi_answer_loss(
 
 @torch.no_grad()
 def batch_scores(model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
-    """Per-document likelihood, accuracy and loss, each [B] float64."""
-    logp = torch.log_softmax(model(batch.tokens, at=batch.query).double(), dim=-1)
-    answer_logp = logp.gather(1, batch.answer[:, None])[:, 0]
-    return {
-        "likelihood": answer_logp.exp(),
-        "accuracy": (logp.argmax(-1) == batch.answer).double(),
-        "loss": -answer_logp,
-    }
+    """Per-document scores (likelihood, accuracy, loss), each [B] float64."""
+    return answer_scores(model(batch.tokens, at=batch.query), batch.answer)
 
 
 def evaluate(

@@ -95,6 +95,7 @@ from mecheval.training.run import (
     train,
     write_status,
 )
+from mecheval.training.threads import torch_threads
 from mecheval.training.trainer import (
     CHECKPOINT_DIR,
     Callback,
@@ -711,10 +712,7 @@ def train_group(
     for group in groupable([resolved[i] for i in fresh], max_size=max_group):
         indices = [fresh[j] for j in group]
         cfgs_g = [resolved[i] for i in indices]
-        previous_threads = torch.get_num_threads()
-        if cfgs_g[0].training.threads is not None:
-            torch.set_num_threads(cfgs_g[0].training.threads)
-        try:
+        with torch_threads(cfgs_g[0].training.threads):
             results = _train_members(
                 cfgs_g,
                 [dirs[i] for i in indices],
@@ -723,8 +721,6 @@ def train_group(
                 reporter_for,
                 use_vmap,
             )
-        finally:
-            torch.set_num_threads(previous_threads)
         for i, status in zip(indices, results, strict=True):
             statuses[i] = status
     assert all(s is not None for s in statuses)

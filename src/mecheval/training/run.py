@@ -43,6 +43,7 @@ from mecheval.training.config import (
     resolve,
     total_steps,
 )
+from mecheval.training.threads import torch_threads
 from mecheval.training.trainer import (
     CHECKPOINT_DIR,
     Callback,
@@ -175,66 +176,62 @@ def train(
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(config_path, dump_yaml(cfg))
 
-    previous_threads = torch.get_num_threads()
-    if cfg.training.threads is not None:
-        torch.set_num_threads(cfg.training.threads)
-    total = total_steps(cfg)
-    start = time.perf_counter()
-    trainer: Trainer | None = None
-    notes: dict[str, str] = {}  # kept in every status this call writes
-    try:
-        if datasets is None:
-            from mecheval.tasks import build_datasets
+    with torch_threads(cfg.training.threads):
+        total = total_steps(cfg)
+        start = time.perf_counter()
+        trainer: Trainer | None = None
+        notes: dict[str, str] = {}  # kept in every status this call writes
+        try:
+            if datasets is None:
+                from mecheval.tasks import build_datasets
 
-            datasets = build_datasets(cfg.task, cache_dir=cache_dir)
-        if reporter is None:
-            reporter = NullReporter() if quiet else RichReporter(cfg.name or run_dir.name)
-        trainer = Trainer(cfg, datasets, run_dir, callbacks, reporter)
-        discarded = discard_corrupt_checkpoint(trainer)
-        if discarded:
-            notes["discarded_checkpoint"] = discarded
-        write_status(run_dir, state="running", step=0, total_steps=total, **notes)
-        results = trainer.run()
-        atomic_save_safetensors(run_dir / MODEL_FILE, trainer.model.state_dict())
-        status = write_status(
-            run_dir,
-            state="done",
-            step=trainer.step,
-            total_steps=total,
-            wall_time=trainer.wall_time(start),
-            metrics=results,
-            **notes,
-        )
-        if not cfg.training.keep_checkpoint:
-            remove_checkpoint(run_dir / CHECKPOINT_DIR)
-        return status
-    except Diverged as err:
-        assert trainer is not None
-        return write_status(
-            run_dir,
-            state="failed",
-            reason=err.reason,
-            step=err.step,
-            total_steps=total,
-            wall_time=trainer.wall_time(start),
-            metrics=trainer.last_results,
-            **notes,
-        )
-    except BaseException as err:
-        # Not a property of the config: a later call resumes from the last checkpoint.
-        write_status(
-            run_dir,
-            state="failed",
-            reason=crash_reason(err),
-            step=trainer.step if trainer is not None else 0,
-            total_steps=total,
-            wall_time=trainer.wall_time(start)
-            if trainer is not None
-            else time.perf_counter() - start,
-        )
-        raise
-    finally:
-        torch.set_num_threads(previous_threads)
+                datasets = build_datasets(cfg.task, cache_dir=cache_dir)
+            if reporter is None:
+                reporter = NullReporter() if quiet else RichReporter(cfg.name or run_dir.name)
+            trainer = Trainer(cfg, datasets, run_dir, callbacks, reporter)
+            discarded = discard_corrupt_checkpoint(trainer)
+            if discarded:
+                notes["discarded_checkpoint"] = discarded
+            write_status(run_dir, state="running", step=0, total_steps=total, **notes)
+            results = trainer.run()
+            atomic_save_safetensors(run_dir / MODEL_FILE, trainer.model.state_dict())
+            status = write_status(
+                run_dir,
+                state="done",
+                step=trainer.step,
+                total_steps=total,
+                wall_time=trainer.wall_time(start),
+                metrics=results,
+                **notes,
+            )
+            if not cfg.training.keep_checkpoint:
+                remove_checkpoint(run_dir / CHECKPOINT_DIR)
+            return status
+        except Diverged as err:
+            assert trainer is not None
+            return write_status(
+                run_dir,
+                state="failed",
+                reason=err.reason,
+                step=err.step,
+                total_steps=total,
+                wall_time=trainer.wall_time(start),
+                metrics=trainer.last_results,
+                **notes,
+            )
+        except BaseException as err:
+            # Not a property of the config: a later call resumes from the last checkpoint.
+            write_status(
+                run_dir,
+                state="failed",
+                reason=crash_reason(err),
+                step=trainer.step if trainer is not None else 0,
+                total_steps=total,
+                wall_time=trainer.wall_time(start)
+                if trainer is not None
+                else time.perf_counter() - start,
+            )
+            raise
 
 
 def discard_corrupt_checkpoint(trainer: Trainer) -> str | None:

@@ -1,6 +1,7 @@
-"""Multi-model training (training/group.py): a group's run folders equal one-by-one train()
-runs (weights to float32 tolerance, metrics rows, statuses), per-member divergence, the stacked
-AdamW and per-model clipping against torch, grouping, skip and resume."""
+"""Multi-model training (training/group.py, stacked.py): a group's run folders equal
+one-by-one train() runs (weights to float32 tolerance, metrics rows, statuses), per-member
+divergence, the stacked AdamW and per-model clipping against torch, grouping, skip and
+resume."""
 
 from __future__ import annotations
 
@@ -22,13 +23,8 @@ from mecheval.tasks import build_datasets
 from mecheval.training import group as group_module
 from mecheval.training import read_status, resolve, train
 from mecheval.training.config import total_steps
-from mecheval.training.group import (
-    GroupTrainer,
-    StackedAdamW,
-    clip_grad_norms_,
-    groupable,
-    train_group,
-)
+from mecheval.training.group import GroupTrainer, groupable, train_group
+from mecheval.training.stacked import StackedAdamW, clip_grad_norms_
 from mecheval.training.trainer import Trainer
 
 

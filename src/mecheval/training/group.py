@@ -12,14 +12,15 @@ seed, its own data order, metrics log, evaluation, callbacks, checkpoints); only
 step is replaced. Parameters are stacked with ``torch.func.stack_module_state``; one
 ``vmap(grad_and_value(functional_call(...)))`` computes every member's loss and gradient on its
 own batch (members with different seeds see different documents); gradients are clipped per
-member (each model's own norm) and :class:`StackedAdamW` applies AdamW with each member's own
-learning rate (read from its own LambdaLR, so the schedule is the single-run code) and weight
-decay. At each evaluation a member's slice is copied back into its Trainer's model and the
-Trainer's own ``evaluate_now`` runs, so metrics, ``metrics.csv`` and callbacks are computed by
-exactly the single-run code. A member's run folder ends up as :func:`~mecheval.training.run.train`
-would leave it (config.yaml, status.json with the same fields, metrics.csv, model.safetensors,
-checkpoint/ in the same format), equal to a one-by-one run up to float rounding: batched kernels
-sum in another order (tests/test_training_group.py holds it to float32 tolerance). A member's
+member (each model's own norm) and :class:`~mecheval.training.stacked.StackedAdamW` applies
+AdamW with each member's own learning rate (read from its own LambdaLR, so the schedule is the
+single-run code) and weight decay; that arithmetic lives in stacked.py. At each evaluation a
+member's slice is copied back into its Trainer's model and the Trainer's own ``evaluate_now``
+runs, so metrics, ``metrics.csv`` and callbacks are computed by exactly the single-run code. A
+member's run folder ends up as :func:`~mecheval.training.run.train` would leave it
+(config.yaml, status.json with the same fields, metrics.csv, model.safetensors, checkpoint/ in
+the same format), equal to a one-by-one run up to float rounding: batched kernels sum in
+another order (tests/test_training_group.py holds it to float32 tolerance). A member's
 ``wall_time`` is the group's wall time up to its end, the honest cost of getting that run.
 
 Which runs group (:func:`groupable`): identical resolved configs except :data:`PER_RUN_FIELDS`
@@ -37,7 +38,7 @@ Architectures that cannot be vmapped (a mixer writing in place into a freshly al
 buffer, Python control flow on tensor values, an autograd.Function without a vmap rule) are
 detected by a probe before training -- one vmapped forward and backward on two documents,
 compared with plain autograd per model -- and their group is trained one run at a time with
-``train()`` instead, with a warning naming the error (:data:`NO_VMAP` skips the probe).
+``train()`` instead, with a warning naming the error.
 With torch 2.13 all seven built-in architectures pass (attention, baseconv, based, deltanet,
 h3, hyena, mamba), with three caveats that cost speed, not correctness:
 
@@ -69,8 +70,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
-from torch.func import functional_call, grad_and_value, stack_module_state, vmap
+from torch.func import grad_and_value, stack_module_state, vmap
 
 from mecheval.io import atomic_save_safetensors, atomic_write_text
 from mecheval.tasks import Batch
@@ -95,6 +95,13 @@ from mecheval.training.run import (
     train,
     write_status,
 )
+from mecheval.training.stacked import (
+    Functional,
+    StackedAdamW,
+    Tensors,
+    clip_grad_norms_,
+    pad_stack,
+)
 from mecheval.training.threads import torch_threads
 from mecheval.training.trainer import (
     CHECKPOINT_DIR,
@@ -109,15 +116,8 @@ from mecheval.training.trainer import (
 #: Training fields that may differ within a group: each member gets its own value.
 PER_RUN_FIELDS = ("lr", "seed", "weight_decay", "grad_clip", "keep_checkpoint")
 
-#: Architectures known not to vmap; their groups train one run at a time without a probe.
-#: Empty: every built-in architecture passes the probe (see the module docstring).
-NO_VMAP: frozenset[str] = frozenset()
-
 # Probe outcomes per group key (None: vmaps), so a sweep probes each shape once per process.
 _PROBED: dict[str, str | None] = {}
-
-Tensors = dict[str, torch.Tensor]
-
 
 # ----------------------------------------------------------------------------- grouping
 
@@ -148,114 +148,7 @@ def groupable(cfgs: Sequence[RunConfig], max_size: int | None = None) -> list[li
     return out
 
 
-# ----------------------------------------------------------------------------- optimizer
-
-
-class StackedAdamW:
-    """``torch.optim.AdamW`` for K models whose parameters are stacked along dim 0.
-
-    The arithmetic is torch's non-capturable single-tensor AdamW (decoupled decay
-    ``p *= 1 - lr * wd``, ``lerp`` first moment, bias corrections from the step count), with
-    the learning rate and weight decay given per (param group, model), so one set of kernels
-    updates every model with its own hyper-parameters. All models step together, so one step
-    count serves all of them.
-
-    ``groups``: the parameter names of each param group (as ``make_optimizer`` splits them);
-    ``weight_decay[g][k]``: group g's decay for model k.
-    """
-
-    def __init__(
-        self,
-        params: Mapping[str, torch.Tensor],
-        groups: Sequence[Sequence[str]],
-        weight_decay: Sequence[Sequence[float]],
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-    ) -> None:
-        self.group_of = {name: g for g, names in enumerate(groups) for name in names}
-        if set(self.group_of) != set(params):
-            raise ValueError("StackedAdamW: groups must name every parameter exactly once")
-        self.weight_decay = torch.tensor(weight_decay, dtype=torch.float64)  # [G, K]
-        self.betas = betas
-        self.eps = eps
-        self.steps = 0
-        self.exp_avg = {n: torch.zeros_like(p) for n, p in params.items()}
-        self.exp_avg_sq = {n: torch.zeros_like(p) for n, p in params.items()}
-
-    @property
-    def size(self) -> int:
-        return self.weight_decay.shape[1]
-
-    @torch.no_grad()
-    def step(self, params: Tensors, grads: Tensors, lr: Sequence[Sequence[float]]) -> None:
-        """Update ``params`` in place; ``lr[g][k]``: group g's current LR for model k."""
-        self.steps += 1
-        beta1, beta2 = self.betas
-        bias_correction1 = 1 - beta1**self.steps
-        bias_correction2_sqrt = (1 - beta2**self.steps) ** 0.5
-        # Per-model factors in float64, as torch computes its Python-float scalars, then
-        # rounded once to the parameters' dtype.
-        lrs = torch.tensor(lr, dtype=torch.float64)
-        decays = 1 - lrs * self.weight_decay
-        step_sizes = lrs / bias_correction1
-        any_decay = (self.weight_decay != 0).any(dim=1).tolist()
-        for name, p in params.items():
-            g = self.group_of[name]
-            shape = (p.shape[0],) + (1,) * (p.dim() - 1)
-            grad, exp_avg, exp_avg_sq = grads[name], self.exp_avg[name], self.exp_avg_sq[name]
-            if any_decay[g]:
-                p.mul_(decays[g].to(p).view(shape))
-            exp_avg.lerp_(grad, 1 - beta1)
-            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
-            p.sub_(exp_avg / denom * step_sizes[g].to(p).view(shape))
-
-    def keep(self, index: torch.Tensor) -> None:
-        """Keep only the models at ``index`` (dropping diverged ones), in that order."""
-        self.weight_decay = self.weight_decay[:, index.cpu()]
-        for state in (self.exp_avg, self.exp_avg_sq):
-            for name in state:
-                state[name] = state[name][index]
-
-
-def clip_grad_norms_(grads: Tensors, max_norms: Sequence[float | None]) -> torch.Tensor:
-    """Per-model ``nn.utils.clip_grad_norm_``: model k's gradients (slice k of every tensor)
-    are scaled by ``min(1, max_norms[k] / (norm_k + 1e-6))``, norm_k over its own parameters
-    only; ``None`` leaves a model unclipped. Returns the per-model norms before clipping."""
-    norms = torch.stack(
-        [torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads.values()], dim=1
-    )
-    total = torch.linalg.vector_norm(norms, dim=1)  # [K]
-    if all(m is None for m in max_norms):
-        return total
-    limit = torch.tensor([math.inf if m is None else m for m in max_norms]).to(total)
-    clipped = torch.tensor([m is not None for m in max_norms], device=total.device)
-    coef = torch.where(clipped, (limit / (total + 1e-6)).clamp(max=1.0), 1.0)
-    for g in grads.values():
-        g.mul_(coef.view((g.shape[0],) + (1,) * (g.dim() - 1)))
-    return total
-
-
 # ----------------------------------------------------------------------------- the group
-
-
-class _Functional:
-    """A module called with parameters and buffers given per call, so that the single-run loss
-    functions (``answer_loss``, ``multi_answer_loss``) run unchanged under vmap."""
-
-    def __init__(self, module: nn.Module, params: Tensors, buffers: Tensors) -> None:
-        self.module, self.params, self.buffers = module, params, buffers
-
-    def __call__(self, tokens: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
-        kwargs = {} if at is None else {"at": at}
-        return functional_call(self.module, (self.params, self.buffers), (tokens,), kwargs)
-
-
-def _pad_stack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Stack [B, T_k] token batches, right-padding with the pad id 0 to the longest: the loss
-    is read at each document's query, which (causal models) never sees the padding."""
-    width = max(t.shape[1] for t in tensors)
-    return torch.stack([nn.functional.pad(t, (0, width - t.shape[1])) for t in tensors])
 
 
 class GroupTrainer:
@@ -315,7 +208,7 @@ class GroupTrainer:
         query: torch.Tensor,
         answer: torch.Tensor,
     ) -> torch.Tensor:
-        model = _Functional(self.shell, params, buffers)
+        model = Functional(self.shell, params, buffers)
         # Autocast inside the differentiated function covers the forward only, as in
         # Trainer.loss: grad_and_value runs the backward after this returns.
         with autocast(self.t.precision, self.device):
@@ -329,7 +222,7 @@ class GroupTrainer:
         positions: torch.Tensor,
         answers: torch.Tensor,
     ) -> torch.Tensor:
-        model = _Functional(self.shell, params, buffers)
+        model = Functional(self.shell, params, buffers)
         with autocast(self.t.precision, self.device):
             return multi_answer_loss(model, tokens, positions, answers)  # type: ignore[arg-type]
 
@@ -347,7 +240,7 @@ class GroupTrainer:
                 return self._grad_fn(
                     params,
                     buffers,
-                    _pad_stack([b.tokens for b in batches]),
+                    pad_stack([b.tokens for b in batches]),
                     torch.stack([b.query for b in batches]),
                     torch.stack([b.answer for b in batches]),
                 )
@@ -533,10 +426,7 @@ class GroupTrainer:
 
 
 def _vmap_error(group: GroupTrainer) -> str | None:
-    cfg = group.cfgs[0]
-    if cfg.model.architecture in NO_VMAP:
-        return f"{cfg.model.architecture} is in NO_VMAP"
-    key = group_key(cfg)
+    key = group_key(group.cfgs[0])
     if key not in _PROBED:
         _PROBED[key] = group.probe()
     return _PROBED[key]

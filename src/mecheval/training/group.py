@@ -174,6 +174,9 @@ class GroupTrainer:
         ]
         self.reporter = reporter or NullReporter()
         first = self.members[0]
+        # One task, batch size and device: every member evaluates on the same batches.
+        for member in self.members[1:]:
+            member.eval_batches = first.eval_batches
         self.t = first.t
         self.total = first.total
         self.step = 0

@@ -39,7 +39,7 @@ BASE = {
 
 def trained_run(tmp_path, callbacks=()):
     cfg = config_from_data(json.loads(json.dumps(BASE)), ["name=r"])
-    status = train(cfg, tmp_path / "r", quiet=True, callbacks=callbacks)
+    status = train(cfg, tmp_path / "r", callbacks=callbacks)
     assert status["state"] == "done"
     return cfg, tmp_path / "r"
 
@@ -63,7 +63,7 @@ def test_intervene_run_writes_tidy_rows_and_a_label(tmp_path, weights, expected)
     data["training"].update(steps=4, eval_every=4)
     cfg = config_from_data(data, ["name=r"])
     run_dir = tmp_path / "r"
-    assert train(cfg, run_dir, quiet=True)["state"] == "done"
+    assert train(cfg, run_dir)["state"] == "done"
     save_file(weights(load_run(run_dir)[0].model).state_dict(), run_dir / MODEL_FILE)
 
     rows = intervene_run(run_dir, InterventionPlan(split="dev"))

@@ -44,7 +44,7 @@ def data():
 def whole(tmp_path_factory, data) -> Path:
     """The uninterrupted run every resumed or restarted run must equal."""
     run = tmp_path_factory.mktemp("whole") / "run"
-    assert train(cfg(), run, quiet=True, datasets=data)["state"] == "done"
+    assert train(cfg(), run, datasets=data)["state"] == "done"
     return run
 
 
@@ -60,7 +60,7 @@ def interrupted(run: Path, data) -> Path:
             raise Crash("simulated crash")
 
     with pytest.raises(Crash):
-        train(cfg(), run, quiet=True, datasets=data, callbacks=[crash_at_8])
+        train(cfg(), run, datasets=data, callbacks=[crash_at_8])
     (tensors,) = (run / "checkpoint").glob("step-*.safetensors")
     assert tensors.name == "step-000000004.safetensors"
     return tensors
@@ -120,7 +120,7 @@ def test_a_corrupt_checkpoint_is_discarded_and_the_run_trains_again(
     damage(damaged)
     capsys.readouterr()
 
-    status = train(cfg(), run, quiet=True, datasets=data)  # no exception
+    status = train(cfg(), run, datasets=data)  # no exception
 
     assert status["state"] == "done"
     err = capsys.readouterr().err.strip().splitlines()
@@ -141,7 +141,7 @@ def test_a_good_checkpoint_still_resumes_without_a_warning(tmp_path, data, whole
     capsys.readouterr()
     seen = []
     callbacks = [lambda step, model, run_dir: seen.append(step)]
-    status = train(cfg(), run, quiet=True, datasets=data, callbacks=callbacks)
+    status = train(cfg(), run, datasets=data, callbacks=callbacks)
     assert status["state"] == "done" and "discarded_checkpoint" not in status
     assert seen == [8]  # resumed at step 4: no evaluation at 0 or 4 again
     assert capsys.readouterr().err == ""

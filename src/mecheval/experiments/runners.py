@@ -224,6 +224,11 @@ class QueueReporter:
     def evaluated(self, step: int, results: Mapping[str, Mapping[str, float]]) -> None:
         pass
 
+    def warn(self, text: str) -> None:
+        from mecheval.training.reporter import print_warning
+
+        print_warning(text)  # a worker's stderr is the sweep's
+
     def stop(self) -> None:
         pass
 

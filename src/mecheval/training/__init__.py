@@ -10,6 +10,7 @@ from mecheval.training.config import (
 )
 from mecheval.training.group import groupable, train_group
 from mecheval.training.metrics import answer_loss, evaluate
+from mecheval.training.reporter import NullReporter, Reporter
 from mecheval.training.run import load_run, read_status, train
 from mecheval.training.schedule import lr_factor, make_scheduler
 from mecheval.training.trainer import Callback, Diverged, Trainer
@@ -17,6 +18,8 @@ from mecheval.training.trainer import Callback, Diverged, Trainer
 __all__ = [
     "Callback",
     "Diverged",
+    "NullReporter",
+    "Reporter",
     "RunConfig",
     "TrainConfig",
     "Trainer",

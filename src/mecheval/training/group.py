@@ -65,7 +65,7 @@ import json
 import math
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,10 +84,10 @@ from mecheval.training.config import (
 )
 from mecheval.training.metrics import answer_loss, multi_answer_loss
 from mecheval.training.precision import autocast, rounding_eps, tf32
+from mecheval.training.reporter import NullReporter, Reporter, ReporterFactory, null_reporter
 from mecheval.training.run import (
     CONFIG_FILE,
     MODEL_FILE,
-    RichReporter,
     check_same_config,
     crash_reason,
     is_finished,
@@ -107,8 +107,6 @@ from mecheval.training.trainer import (
     CHECKPOINT_DIR,
     Callback,
     Diverged,
-    NullReporter,
-    Reporter,
     Trainer,
     extend_queries,
 )
@@ -435,19 +433,6 @@ def _vmap_error(group: GroupTrainer) -> str | None:
     return _PROBED[key]
 
 
-#: Makes the progress reporter of one stack (or one run, a list of one config).
-ReporterFactory = Callable[[Sequence[RunConfig]], Reporter]
-
-
-def _null_reporter(cfgs: Sequence[RunConfig]) -> Reporter:
-    return NullReporter()
-
-
-def _bar_reporter(cfgs: Sequence[RunConfig]) -> Reporter:
-    first = cfgs[0].name or cfgs[0].model.architecture
-    return RichReporter(first if len(cfgs) == 1 else f"{len(cfgs)} x {first}")
-
-
 def _train_members(
     cfgs: Sequence[RunConfig],
     run_dirs: Sequence[Path],
@@ -541,7 +526,6 @@ def train_group(
     cfgs: Sequence[RunConfig],
     run_dirs: Sequence[str | Path],
     *,
-    quiet: bool = True,
     callbacks: Sequence[Callback] = (),
     datasets: Mapping[str, Any] | None = None,
     cache_dir: Path | None = None,
@@ -556,10 +540,9 @@ def train_group(
     Finished runs are skipped; a run with a checkpoint is resumed alone by ``train()``; a
     group whose architecture does not vmap (or ``use_vmap=False``) trains one run at a time.
     ``datasets`` (shared by all runs, which must then have one task) saves rebuilding them;
-    ``max_group`` caps the stack size. ``reporter_for(cfgs)`` gives the progress reporter of
-    each stack or single run (default: a progress bar unless ``quiet``). A crash (or a
-    callback raising) marks the unfinished members of the group ``crashed`` and propagates,
-    as ``train()`` does.
+    ``max_group`` caps the stack size. ``reporter_for(cfgs)`` gives the reporter of each
+    stack or single run (default: no progress display). A crash (or a callback raising)
+    marks the unfinished members of the group ``crashed`` and propagates, as ``train()`` does.
     """
     if len(cfgs) != len(run_dirs):
         raise ValueError(f"train_group: {len(cfgs)} configs but {len(run_dirs)} run folders")
@@ -567,8 +550,7 @@ def train_group(
     if len({d.resolve() for d in dirs}) != len(dirs):
         raise ValueError("train_group: two runs share a run folder")
     resolved = [resolve(cfg) for cfg in cfgs]
-    if reporter_for is None:
-        reporter_for = _null_reporter if quiet else _bar_reporter
+    reporter_for = reporter_for or null_reporter
     statuses: list[dict[str, Any] | None] = [None] * len(resolved)
     pending: list[int] = []
     for i, (cfg, run_dir) in enumerate(zip(resolved, dirs, strict=True)):

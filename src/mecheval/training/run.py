@@ -14,7 +14,6 @@ Every file is written atomically (mecheval.io).
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -43,15 +42,9 @@ from mecheval.training.config import (
     resolve,
     total_steps,
 )
+from mecheval.training.reporter import Reporter
 from mecheval.training.threads import torch_threads
-from mecheval.training.trainer import (
-    CHECKPOINT_DIR,
-    Callback,
-    Diverged,
-    NullReporter,
-    Reporter,
-    Trainer,
-)
+from mecheval.training.trainer import CHECKPOINT_DIR, Callback, Diverged, Trainer
 
 CONFIG_FILE = "config.yaml"
 MODEL_FILE = "model.safetensors"
@@ -151,7 +144,6 @@ def write_status(run_dir: Path, **fields: Any) -> dict[str, Any]:
 def train(
     cfg: RunConfig,
     run_dir: str | Path,
-    quiet: bool = False,
     callbacks: Sequence[Callback] = (),
     *,
     datasets: Mapping[str, Any] | None = None,
@@ -164,6 +156,7 @@ def train(
     last checkpoint and ends exactly as an uninterrupted run would. A diverged run (non-finite
     loss) is marked failed and its status returned, not raised. ``datasets`` may be passed to
     share one build between runs of the same task; by default they are built from ``cfg.task``.
+    ``reporter`` is told the progress and any warning (default: no progress display).
     """
     cfg = resolve(cfg)
     run_dir = Path(run_dir)
@@ -186,8 +179,6 @@ def train(
                 from mecheval.tasks import build_datasets
 
                 datasets = build_datasets(cfg.task, cache_dir=cache_dir)
-            if reporter is None:
-                reporter = NullReporter() if quiet else RichReporter(cfg.name or run_dir.name)
             trainer = Trainer(cfg, datasets, run_dir, callbacks, reporter)
             discarded = discard_corrupt_checkpoint(trainer)
             if discarded:
@@ -236,9 +227,10 @@ def train(
 
 def discard_corrupt_checkpoint(trainer: Trainer) -> str | None:
     """If the run's checkpoint cannot be restored (a truncated, garbage or foreign file),
-    remove it, warn in one line naming the file, and return why; the run then trains again
-    from step 0, which ends exactly as the interrupted run would have (training is
-    deterministic). A finished run never gets here, and a readable checkpoint is kept."""
+    remove it, warn through the trainer's reporter in one line naming the file, and return
+    why; the run then trains again from step 0, which ends exactly as the interrupted run
+    would have (training is deterministic). A finished run never gets here, and a readable
+    checkpoint is kept."""
     folder = trainer.checkpoint_dir
     if not has_checkpoint(folder):
         return None
@@ -252,7 +244,7 @@ def discard_corrupt_checkpoint(trainer: Trainer) -> str | None:
             raise CorruptCheckpoint(f"{folder / 'state.json'}: data position does not match step")
     except CorruptCheckpoint as err:
         why = f"{err}; discarded it, training from step 0"
-        print(f"warning: {why}", file=sys.stderr, flush=True)
+        trainer.reporter.warn(why)
         # state.json goes first: a crash midway leaves no checkpoint, not half of one.
         remove_checkpoint(folder)
         return why
@@ -273,69 +265,3 @@ def load_run(
     model = build_model(cfg.model)
     model.load_state_dict(load_file(model_path, device=str(device)))
     return cfg, model.to(device).eval()
-
-
-# ---------------------------------------------------------------------- progress display
-
-
-class RichReporter:
-    """A rich progress bar on stderr: step, loss (smoothed), steps/s, ETA, last dev metrics."""
-
-    def __init__(self, label: str, refresh_every: int = 10) -> None:
-        self.label = label
-        self.refresh_every = refresh_every
-        self.progress = None
-        self.task = None
-        self.smoothed: float | None = None
-
-    def start(self, total: int, step: int) -> None:
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-        )
-
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(bar_width=24),
-            MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"),
-            TextColumn("{task.fields[speed]} steps/s"),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[evals]}"),
-            console=Console(stderr=True),
-            transient=False,
-        )
-        self.progress.start()
-        self.task = self.progress.add_task(
-            self.label, total=total, completed=step, loss="-", speed="-", evals=""
-        )
-
-    def step(self, step: int, loss: float) -> None:
-        self.smoothed = loss if self.smoothed is None else 0.98 * self.smoothed + 0.02 * loss
-        if self.progress is not None and (step % self.refresh_every == 0):
-            speed = self.progress.tasks[0].speed
-            self.progress.update(
-                self.task,
-                completed=step,
-                loss=f"{self.smoothed:.3f}",
-                speed="-" if speed is None else f"{speed:.0f}",
-            )
-
-    def evaluated(self, step: int, results: Mapping[str, Mapping[str, float]]) -> None:
-        dev = results.get("dev") or next(iter(results.values()), None)
-        if dev is not None and self.progress is not None:
-            self.progress.update(
-                self.task,
-                completed=step,
-                evals=f"acc {dev['accuracy']:.3f} p(y) {dev['likelihood']:.3f}",
-            )
-
-    def stop(self) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-            self.progress = None

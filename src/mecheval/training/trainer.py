@@ -15,7 +15,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ from mecheval.training.metrics import (
     multi_answer_loss,
 )
 from mecheval.training.precision import autocast, tf32
+from mecheval.training.reporter import NullReporter, Reporter
 from mecheval.training.schedule import make_scheduler
 
 #: ``(step, model, run_dir) -> None``, called after each evaluation (step 0 and the end
@@ -52,27 +53,6 @@ class Diverged(RuntimeError):
         super().__init__(reason)
         self.step = step
         self.reason = reason
-
-
-class Reporter(Protocol):
-    def start(self, total: int, step: int) -> None: ...
-    def step(self, step: int, loss: float) -> None: ...
-    def evaluated(self, step: int, results: Mapping[str, Mapping[str, float]]) -> None: ...
-    def stop(self) -> None: ...
-
-
-class NullReporter:
-    def start(self, total: int, step: int) -> None:
-        pass
-
-    def step(self, step: int, loss: float) -> None:
-        pass
-
-    def evaluated(self, step: int, results: Mapping[str, Mapping[str, float]]) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
 
 
 def _generator(*entropy: int) -> torch.Generator:

@@ -20,7 +20,8 @@ from mecheval.experiments.store import load_results
 from mecheval.models import build_model
 from mecheval.report import FIGURES, normalise
 from mecheval.training.config import config_from_data
-from mecheval.training.run import MODEL_FILE, load_run, train
+from mecheval.training.folder import MODEL_FILE, load_run
+from mecheval.training.run import train
 
 BASE = {
     "task": {

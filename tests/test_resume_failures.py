@@ -23,7 +23,7 @@ from mecheval.models import build_model, registry
 from mecheval.tasks import build_datasets
 from mecheval.training import read_status, resolve, train
 from mecheval.training.checkpoint import load_checkpoint
-from mecheval.training.run import is_finished
+from mecheval.training.folder import is_finished
 from mecheval.training.trainer import Trainer
 
 # ---------------------------------------------------------------------- corrupt checkpoints

@@ -23,9 +23,9 @@ from mecheval.errors import ConfigError
 from mecheval.models import ARCHITECTURES, ModelConfig, build_model
 from mecheval.tasks import build_datasets
 from mecheval.training import Trainer, evaluate, load_run, read_status, resolve, train
+from mecheval.training.folder import check_same_config
 from mecheval.training.group import groupable, train_group
 from mecheval.training.precision import tf32
-from mecheval.training.run import check_same_config
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

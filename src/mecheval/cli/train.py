@@ -56,8 +56,9 @@ def train_command(
     """
     from mecheval.cli.progress import run_reporter
     from mecheval.training import config as run_config
+    from mecheval.training.folder import is_finished, read_status
     from mecheval.training.presets import preset as preset_data
-    from mecheval.training.run import Terminated, is_finished, read_status, stop_on_sigterm, train
+    from mecheval.training.run import Terminated, stop_on_sigterm, train
 
     if (config is None) == (preset is None):
         raise ConfigError("train: give either a CONFIG file or --preset (not both)")

@@ -14,13 +14,14 @@ step is replaced. Parameters are stacked with ``torch.func.stack_module_state``;
 own batch (members with different seeds see different documents); gradients are clipped per
 member (each model's own norm) and :class:`~mecheval.training.stacked.StackedAdamW` applies
 AdamW with each member's own learning rate (read from its own LambdaLR, so the schedule is the
-single-run code) and weight decay; that arithmetic lives in stacked.py. At each evaluation a
-member's slice is copied back into its Trainer's model and the Trainer's own ``evaluate_now``
-runs, so metrics, ``metrics.csv`` and callbacks are computed by exactly the single-run code. A
-member's run folder ends up as :func:`~mecheval.training.run.train` would leave it
-(config.yaml, status.json with the same fields, metrics.csv, model.safetensors, checkpoint/ in
-the same format), equal to a one-by-one run up to float rounding: batched kernels sum in
-another order (tests/test_training_group.py holds it to float32 tolerance). A member's
+single-run code) and weight decay; that arithmetic lives in stacked.py, the run folders in
+folder.py (the same life cycle as a single run's). At each evaluation a member's slice is
+copied back into its Trainer's model and the Trainer's own ``evaluate_now`` runs, so metrics,
+``metrics.csv`` and callbacks are computed by exactly the single-run code. A member's run
+folder ends up as :func:`~mecheval.training.run.train` would leave it (config.yaml,
+status.json with the same fields, metrics.csv, model.safetensors, checkpoint/ in the same
+format), equal to a one-by-one run up to float rounding: batched kernels sum in another order
+(tests/test_training_group.py holds it to float32 tolerance). A member's
 ``wall_time`` is the group's wall time up to its end, the honest cost of getting that run.
 
 Which runs group (:func:`groupable`): identical resolved configs except :data:`PER_RUN_FIELDS`
@@ -72,29 +73,14 @@ from typing import Any
 import torch
 from torch.func import grad_and_value, stack_module_state, vmap
 
-from mecheval.io import atomic_save_safetensors, atomic_write_text
 from mecheval.tasks import Batch
-from mecheval.training.checkpoint import has_checkpoint, remove_checkpoint, save_checkpoint
-from mecheval.training.config import (
-    RunConfig,
-    config_to_data,
-    dump_yaml,
-    resolve,
-    total_steps,
-)
+from mecheval.training.checkpoint import has_checkpoint, save_checkpoint
+from mecheval.training.config import RunConfig, config_to_data, resolve
+from mecheval.training.folder import RunFolder
 from mecheval.training.metrics import answer_loss, multi_answer_loss
 from mecheval.training.precision import autocast, rounding_eps, tf32
 from mecheval.training.reporter import NullReporter, Reporter, ReporterFactory, null_reporter
-from mecheval.training.run import (
-    CONFIG_FILE,
-    MODEL_FILE,
-    check_same_config,
-    crash_reason,
-    is_finished,
-    read_status,
-    train,
-    write_status,
-)
+from mecheval.training.run import crash_reason, train
 from mecheval.training.stacked import (
     Functional,
     StackedAdamW,
@@ -103,19 +89,14 @@ from mecheval.training.stacked import (
     pad_stack,
 )
 from mecheval.training.threads import torch_threads
-from mecheval.training.trainer import (
-    CHECKPOINT_DIR,
-    Callback,
-    Diverged,
-    Trainer,
-    extend_queries,
-)
+from mecheval.training.trainer import Callback, Diverged, Trainer, extend_queries
 
 #: Training fields that may differ within a group: each member gets its own value.
 PER_RUN_FIELDS = ("lr", "seed", "weight_decay", "grad_clip", "keep_checkpoint")
 
 # Probe outcomes per group key (None: vmaps), so a sweep probes each shape once per process.
 _PROBED: dict[str, str | None] = {}
+
 
 # ----------------------------------------------------------------------------- grouping
 
@@ -434,29 +415,28 @@ def _vmap_error(group: GroupTrainer) -> str | None:
 
 
 def _train_members(
-    cfgs: Sequence[RunConfig],
-    run_dirs: Sequence[Path],
+    folders: Sequence[RunFolder],
     datasets: Mapping[str, Any],
     callbacks: Sequence[Callback],
     reporter_for: ReporterFactory,
     use_vmap: bool,
 ) -> list[dict[str, Any]]:
     """Train one group (no member finished, none with a checkpoint) into its run folders."""
+    cfgs = [folder.cfg for folder in folders]
 
     def one_by_one() -> list[dict[str, Any]]:
         return [
-            train(cfg, d, callbacks=callbacks, datasets=datasets, reporter=reporter_for([cfg]))
-            for cfg, d in zip(cfgs, run_dirs, strict=True)
+            train(f.cfg, f.path, callbacks, datasets=datasets, reporter=reporter_for([f.cfg]))
+            for f in folders
         ]
 
     if len(cfgs) == 1 or not use_vmap:
         return one_by_one()
-    cfg0 = cfgs[0]
-    group = GroupTrainer(cfgs, datasets, run_dirs, callbacks, reporter_for(cfgs))
+    group = GroupTrainer(cfgs, datasets, [f.path for f in folders], callbacks, reporter_for(cfgs))
     error = _vmap_error(group)
     if error is not None:
         warnings.warn(
-            f"train_group: {cfg0.model.architecture} cannot be vmapped ({error}); "
+            f"train_group: {cfgs[0].model.architecture} cannot be vmapped ({error}); "
             f"training its {len(cfgs)} runs one at a time",
             RuntimeWarning,
             stacklevel=3,
@@ -464,12 +444,20 @@ def _train_members(
         del group
         return one_by_one()
 
-    total = total_steps(cfg0)
     start = time.perf_counter()
-    for run_dir, cfg in zip(run_dirs, cfgs, strict=True):
-        run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(run_dir / CONFIG_FILE, dump_yaml(cfg))
-        write_status(run_dir, state="running", step=0, total_steps=total)
+    for folder in folders:
+        folder.prepare()
+        folder.running()
+
+    def diverged(k: int) -> dict[str, Any]:
+        member, err = group.members[k], group.failed[k]
+        return folders[k].diverged(
+            err.reason,
+            step=err.step,
+            wall_time=member.wall_time(start),
+            metrics=member.last_results,
+        )
+
     try:
         group.run(start)
     except BaseException as err:
@@ -477,49 +465,21 @@ def _train_members(
         reason = crash_reason(err)
         for k in group.live:
             member = group.members[k]
-            write_status(
-                member.run_dir,
-                state="failed",
-                reason=reason,
-                step=member.step,
-                total_steps=total,
-                wall_time=member.wall_time(start),
-            )
+            folders[k].crashed(reason, step=member.step, wall_time=member.wall_time(start))
         for k in group.failed:
-            _write_failed(group, k, total, start)
+            diverged(k)
         raise
-    statuses: list[dict[str, Any]] = []
-    for k, member in enumerate(group.members):
-        if k in group.failed:
-            statuses.append(_write_failed(group, k, total, start))
-            continue
-        atomic_save_safetensors(member.run_dir / MODEL_FILE, member.model.state_dict())
-        statuses.append(
-            write_status(
-                member.run_dir,
-                state="done",
-                step=member.step,
-                total_steps=total,
-                wall_time=member.wall_time(start),
-                metrics=member.last_results,
-            )
+    return [
+        diverged(k)
+        if k in group.failed
+        else folders[k].done(
+            member.model.state_dict(),
+            step=member.step,
+            wall_time=member.wall_time(start),
+            metrics=member.last_results,
         )
-        if not member.t.keep_checkpoint:
-            remove_checkpoint(member.run_dir / CHECKPOINT_DIR)
-    return statuses
-
-
-def _write_failed(group: GroupTrainer, k: int, total: int, start: float) -> dict[str, Any]:
-    member, err = group.members[k], group.failed[k]
-    return write_status(
-        member.run_dir,
-        state="failed",
-        reason=err.reason,
-        step=err.step,
-        total_steps=total,
-        wall_time=member.wall_time(start),
-        metrics=member.last_results,
-    )
+        for k, member in enumerate(group.members)
+    ]
 
 
 def train_group(
@@ -549,17 +509,9 @@ def train_group(
     dirs = [Path(d) for d in run_dirs]
     if len({d.resolve() for d in dirs}) != len(dirs):
         raise ValueError("train_group: two runs share a run folder")
-    resolved = [resolve(cfg) for cfg in cfgs]
+    folders = [RunFolder(d, resolve(cfg)) for cfg, d in zip(cfgs, dirs, strict=True)]
     reporter_for = reporter_for or null_reporter
-    statuses: list[dict[str, Any] | None] = [None] * len(resolved)
-    pending: list[int] = []
-    for i, (cfg, run_dir) in enumerate(zip(resolved, dirs, strict=True)):
-        check_same_config(run_dir, cfg)
-        status = read_status(run_dir)
-        if is_finished(status):
-            statuses[i] = status
-        else:
-            pending.append(i)
+    statuses: list[dict[str, Any] | None] = [folder.check() for folder in folders]
     built: dict[str, Mapping[str, Any]] = {}
 
     def data_for(cfg: RunConfig) -> Mapping[str, Any]:
@@ -573,28 +525,25 @@ def train_group(
         return built[key]
 
     fresh: list[int] = []
-    for i in pending:
-        if has_checkpoint(dirs[i] / CHECKPOINT_DIR):
+    for i, folder in enumerate(folders):
+        if statuses[i] is not None:
+            continue
+        if has_checkpoint(folder.checkpoint_dir):
             statuses[i] = train(
-                resolved[i],
-                dirs[i],
-                callbacks=callbacks,
-                datasets=data_for(resolved[i]),
-                reporter=reporter_for([resolved[i]]),
+                folder.cfg,
+                folder.path,
+                callbacks,
+                datasets=data_for(folder.cfg),
+                reporter=reporter_for([folder.cfg]),
             )
         else:
             fresh.append(i)
-    for group in groupable([resolved[i] for i in fresh], max_size=max_group):
+    for group in groupable([folders[i].cfg for i in fresh], max_size=max_group):
         indices = [fresh[j] for j in group]
-        cfgs_g = [resolved[i] for i in indices]
-        with torch_threads(cfgs_g[0].training.threads):
+        members = [folders[i] for i in indices]
+        with torch_threads(members[0].cfg.training.threads):
             results = _train_members(
-                cfgs_g,
-                [dirs[i] for i in indices],
-                data_for(cfgs_g[0]),
-                callbacks,
-                reporter_for,
-                use_vmap,
+                members, data_for(members[0].cfg), callbacks, reporter_for, use_vmap
             )
         for i, status in zip(indices, results, strict=True):
             statuses[i] = status

@@ -26,6 +26,7 @@ from mecheval.models.kernels import fused_kernels, require_fused
 from mecheval.tasks import Batch
 from mecheval.training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from mecheval.training.config import RunConfig, total_steps, warmup_steps
+from mecheval.training.folder import CHECKPOINT_DIR, METRICS_FILE
 from mecheval.training.metrics import (
     MetricsLog,
     answer_loss,
@@ -41,8 +42,6 @@ from mecheval.training.schedule import make_scheduler
 #: included); how higher stages (e.g. interventions) hook into training without being imported.
 Callback = Callable[[int, LanguageModel, Path], None]
 
-CHECKPOINT_DIR = "checkpoint"
-METRICS_FILE = "metrics.csv"
 # Separate random streams derived from training.seed, so that no use disturbs another.
 _ORDER_STREAM = 0x0DA7A
 _QUERY_STREAM = 0x0E7A9

@@ -34,7 +34,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     if args.run:
-        from mecheval.training.run import load_run
+        from mecheval.training.folder import load_run
 
         cfg, model = load_run(args.run)
         task = cfg.task

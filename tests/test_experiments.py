@@ -24,8 +24,8 @@ from mecheval.experiments.runners import (
 from mecheval.experiments.store import load_results
 from mecheval.models.sites import describe_site, parse_site, resolve_site
 from mecheval.tasks import build_datasets
+from mecheval.training.folder import load_run
 from mecheval.training.metrics import evaluate
-from mecheval.training.run import load_run
 
 TINY_BASE = SWEEP_BASE
 

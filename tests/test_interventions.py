@@ -316,3 +316,33 @@ def test_attribution_names_the_best_role() -> None:
             assert best.loc[doc, "restored"] == pytest.approx(rows.original.iloc[0])
             checked += 1
     assert checked > 0 and len(best) == 5
+
+
+def test_a_new_score_reaches_training_metrics_and_the_engine(monkeypatch) -> None:
+    """docs/architecture.md, "How to add a metric": one SCORES entry is evaluated by
+    training; naming it in RESTORE_METRICS reports it per site and role, and the engine's
+    numbers are the training scorer's (one function for both; the float32 model's batches
+    differ in shape, hence 1e-6)."""
+    from mecheval.tasks import scores
+    from mecheval.training.metrics import evaluate
+
+    monkeypatch.setitem(scores.SCORES, "p_top", lambda logp, answer: logp.max(-1).values.exp())
+    monkeypatch.setattr(engine, "RESTORE_METRICS", (*engine.RESTORE_METRICS, "p_top"))
+    model = tiny("attention")
+    dev = build_datasets(AR)["dev"]
+    got = evaluate(model, dev, batch_size=4)
+    assert set(got) == {"likelihood", "accuracy", "loss", "p_top"}
+    with torch.no_grad():
+        probs = torch.softmax(model(dev.tokens, at=dev.roles["query"]).double(), -1)
+    assert got["p_top"] == pytest.approx(probs.max(-1).values.mean().item(), rel=1e-6)
+    assert got["likelihood"] == pytest.approx(
+        probs.gather(1, dev.answer[:, None]).mean().item(), rel=1e-6
+    )
+
+    original = dev.batch(torch.arange(len(dev)))
+    result = interchange(model, original, corrupt(original, AR, seed=3), sites=["layers.0.input"])
+    table = result.table
+    at_original = table[(table.condition == "original") & (table.metric == "p_top")]
+    assert at_original.value.item() == pytest.approx(got["p_top"], rel=1e-6)
+    restored = table[(table.condition == "restored") & (table.metric == "p_top")]
+    assert set(restored.role) == set(original.roles)

@@ -189,7 +189,7 @@ def test_cuda_fused_training_tracks_the_reference(tmp_path) -> None:
                 "kernels": kernel,
             },
         }
-        train(config_from_data(data), tmp_path / name, quiet=True)
+        train(config_from_data(data), tmp_path / name)
         return read_status(tmp_path / name)["metrics"]["dev"]
 
     fused, reference = run("f", "fused"), run("r", "reference")

@@ -20,7 +20,8 @@ from mecheval.experiments.store import load_results
 from mecheval.models import build_model
 from mecheval.report import FIGURES, normalise
 from mecheval.training.config import config_from_data
-from mecheval.training.run import MODEL_FILE, load_run, train
+from mecheval.training.folder import MODEL_FILE, load_run
+from mecheval.training.run import train
 
 BASE = {
     "task": {
@@ -39,7 +40,7 @@ BASE = {
 
 def trained_run(tmp_path, callbacks=()):
     cfg = config_from_data(json.loads(json.dumps(BASE)), ["name=r"])
-    status = train(cfg, tmp_path / "r", quiet=True, callbacks=callbacks)
+    status = train(cfg, tmp_path / "r", callbacks=callbacks)
     assert status["state"] == "done"
     return cfg, tmp_path / "r"
 
@@ -63,7 +64,7 @@ def test_intervene_run_writes_tidy_rows_and_a_label(tmp_path, weights, expected)
     data["training"].update(steps=4, eval_every=4)
     cfg = config_from_data(data, ["name=r"])
     run_dir = tmp_path / "r"
-    assert train(cfg, run_dir, quiet=True)["state"] == "done"
+    assert train(cfg, run_dir)["state"] == "done"
     save_file(weights(load_run(run_dir)[0].model).state_dict(), run_dir / MODEL_FILE)
 
     measured = intervene_run(run_dir, InterventionPlan(split="dev"))

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from mecheval.cli import _register, app
 from mecheval.experiments.catalog import list_experiments
-from mecheval.training.run import read_status
+from mecheval.training.folder import read_status
 
 EXPERIMENTS = [e.name for e in list_experiments()]
 

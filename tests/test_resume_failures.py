@@ -23,7 +23,7 @@ from mecheval.models import build_model, registry
 from mecheval.tasks import build_datasets
 from mecheval.training import read_status, resolve, train
 from mecheval.training.checkpoint import load_checkpoint
-from mecheval.training.run import is_finished
+from mecheval.training.folder import is_finished
 from mecheval.training.trainer import Trainer
 
 # ---------------------------------------------------------------------- corrupt checkpoints
@@ -44,7 +44,7 @@ def data():
 def whole(tmp_path_factory, data) -> Path:
     """The uninterrupted run every resumed or restarted run must equal."""
     run = tmp_path_factory.mktemp("whole") / "run"
-    assert train(cfg(), run, quiet=True, datasets=data)["state"] == "done"
+    assert train(cfg(), run, datasets=data)["state"] == "done"
     return run
 
 
@@ -60,7 +60,7 @@ def interrupted(run: Path, data) -> Path:
             raise Crash("simulated crash")
 
     with pytest.raises(Crash):
-        train(cfg(), run, quiet=True, datasets=data, callbacks=[crash_at_8])
+        train(cfg(), run, datasets=data, callbacks=[crash_at_8])
     (tensors,) = (run / "checkpoint").glob("step-*.safetensors")
     assert tensors.name == "step-000000004.safetensors"
     return tensors
@@ -120,7 +120,7 @@ def test_a_corrupt_checkpoint_is_discarded_and_the_run_trains_again(
     damage(damaged)
     capsys.readouterr()
 
-    status = train(cfg(), run, quiet=True, datasets=data)  # no exception
+    status = train(cfg(), run, datasets=data)  # no exception
 
     assert status["state"] == "done"
     err = capsys.readouterr().err.strip().splitlines()
@@ -141,7 +141,7 @@ def test_a_good_checkpoint_still_resumes_without_a_warning(tmp_path, data, whole
     capsys.readouterr()
     seen = []
     callbacks = [lambda step, model, run_dir: seen.append(step)]
-    status = train(cfg(), run, quiet=True, datasets=data, callbacks=callbacks)
+    status = train(cfg(), run, datasets=data, callbacks=callbacks)
     assert status["state"] == "done" and "discarded_checkpoint" not in status
     assert seen == [8]  # resumed at step 4: no evaluation at 0 or 4 again
     assert capsys.readouterr().err == ""
@@ -359,12 +359,12 @@ def test_a_stacked_group_that_raises_fails_whole_and_the_others_finish(
 
 
 def test_runs_trained_one_by_one_in_a_group_do_not_share_a_crash(tmp_path, monkeypatch) -> None:
-    # A group that cannot be stacked (here: attention declared not vmappable) trains its
-    # runs one after another; one run's crash must not keep the next from training, nor
-    # give it that crash as its reason.
+    # A group that cannot be stacked (here: its vmap probe made to fail) trains its runs one
+    # after another; one run's crash must not keep the next from training, nor give it that
+    # crash as its reason.
     from mecheval.training import group, trainer
 
-    monkeypatch.setattr(group, "NO_VMAP", {*group.NO_VMAP, "attention"})
+    monkeypatch.setattr(group, "_vmap_error", lambda _group: "declared not vmappable")
     original = trainer.Trainer.train_step
 
     def train_step(self, batch):

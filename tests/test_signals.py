@@ -195,7 +195,6 @@ def test_signal_during_train(tmp_path: Path, signum: int, reason: str) -> None:
     status = train(
         load_config(run / "config.yaml"),
         run,
-        quiet=True,
         callbacks=[lambda step, model, run_dir: evaluated.append(step)],
     )
     assert status["state"] == "done" and status["step"] == 40

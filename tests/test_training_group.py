@@ -1,6 +1,7 @@
-"""Multi-model training (training/group.py): a group's run folders equal one-by-one train()
-runs (weights to float32 tolerance, metrics rows, statuses), per-member divergence, the stacked
-AdamW and per-model clipping against torch, grouping, skip and resume."""
+"""Multi-model training (training/group.py, stacked.py): a group's run folders equal
+one-by-one train() runs (weights to float32 tolerance, metrics rows, statuses), per-member
+divergence, the stacked AdamW and per-model clipping against torch, grouping, skip and
+resume."""
 
 from __future__ import annotations
 
@@ -22,13 +23,8 @@ from mecheval.tasks import build_datasets
 from mecheval.training import group as group_module
 from mecheval.training import read_status, resolve, train
 from mecheval.training.config import total_steps
-from mecheval.training.group import (
-    GroupTrainer,
-    StackedAdamW,
-    clip_grad_norms_,
-    groupable,
-    train_group,
-)
+from mecheval.training.group import GroupTrainer, groupable, train_group
+from mecheval.training.stacked import StackedAdamW, clip_grad_norms_
 from mecheval.training.trainer import Trainer
 
 
@@ -159,9 +155,7 @@ def run_both(tmp_path: Path, cfgs, data, spy: StackSpy, **kwargs) -> tuple[list[
     group = spied_group(
         spy, cfgs, [tmp_path / f"g{i}" for i in range(len(cfgs))], datasets=data, **kwargs
     )
-    single = [
-        train(cfg, tmp_path / f"s{i}", quiet=True, datasets=data) for i, cfg in enumerate(cfgs)
-    ]
+    single = [train(cfg, tmp_path / f"s{i}", datasets=data) for i, cfg in enumerate(cfgs)]
     return group, single
 
 
@@ -257,7 +251,7 @@ def test_non_finite_weights_at_evaluation(tmp_path: Path, data, monkeypatch, spy
     assert group[1]["reason"] == "diverged: non-finite weights at step 4"
     assert group[1]["step"] == 4
     spy.assert_stacked(8, [2] * 4 + [1] * 4)  # member 0 goes on alone, on the stack
-    train(cfgs[0], tmp_path / "s0", quiet=True, datasets=data)
+    train(cfgs[0], tmp_path / "s0", datasets=data)
     assert_same_run(tmp_path / "g0", tmp_path / "s0")
 
 
@@ -373,7 +367,7 @@ def test_skips_finished_and_resumes_interrupted(tmp_path: Path, data) -> None:
     statuses = train_group(cfgs, dirs, datasets=data)
     assert [s["state"] for s in statuses] == ["done", "done"]
     for i, cfg in enumerate(cfgs):
-        train(cfg, tmp_path / f"s{i}", quiet=True, datasets=data)
+        train(cfg, tmp_path / f"s{i}", datasets=data)
         assert_same_run(dirs[i], tmp_path / f"s{i}")
     # Finished: skipped, nothing rewritten.
     before = [(d / "status.json").stat().st_mtime_ns for d in dirs]

@@ -23,9 +23,9 @@ from mecheval.errors import ConfigError
 from mecheval.models import ARCHITECTURES, ModelConfig, build_model
 from mecheval.tasks import build_datasets
 from mecheval.training import Trainer, evaluate, load_run, read_status, resolve, train
+from mecheval.training.folder import check_same_config
 from mecheval.training.group import groupable, train_group
 from mecheval.training.precision import tf32
-from mecheval.training.run import check_same_config
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -78,7 +78,7 @@ def test_unknown_precision_is_a_one_line_config_error(value: object) -> None:
 
 
 def test_precision_is_part_of_a_runs_identity_compile_is_not(tmp_path: Path, data) -> None:
-    train(config(steps=2, eval_every=2), tmp_path, quiet=True, datasets=data)
+    train(config(steps=2, eval_every=2), tmp_path, datasets=data)
     check_same_config(tmp_path, resolve(config(steps=2, eval_every=2, compile=True)))
     with pytest.raises(ConfigError, match="different config"):
         check_same_config(tmp_path, resolve(config(steps=2, eval_every=2, precision="bf16")))
@@ -139,7 +139,7 @@ def test_bf16_loss_is_close_to_fp32_but_not_equal(tmp_path: Path, data) -> None:
 def test_bf16_training_tracks_fp32(tmp_path: Path, data) -> None:
     for p in ("fp32", "bf16"):
         cfg = config(precision=p, steps=20, eval_every=10)
-        status = train(cfg, tmp_path / p, quiet=True, datasets=data)
+        status = train(cfg, tmp_path / p, datasets=data)
         assert status["state"] == "done"
     fp32, bf16 = (metric(tmp_path / p, "train", "running_loss") for p in ("fp32", "bf16"))
     assert not fp32.equals(bf16)
@@ -180,7 +180,7 @@ def test_bf16_group_trains_as_a_stack_close_to_single_runs(tmp_path: Path, data)
     assert not [w for w in record if "cannot be vmapped" in str(w.message)]
     assert [s["state"] for s in group] == ["done", "done"]
     for i, cfg in enumerate(cfgs):
-        train(cfg, tmp_path / f"s{i}", quiet=True, datasets=data)
+        train(cfg, tmp_path / f"s{i}", datasets=data)
         g, s = (metric(tmp_path / f"{kind}{i}", "train", "running_loss") for kind in "gs")
         # Batched and single bf16 kernels round differently: close, not float32-equal.
         torch.testing.assert_close(
@@ -201,7 +201,7 @@ def test_tf32_on_cpu_is_a_no_op_and_leaks_nothing(tmp_path: Path, data) -> None:
     before = precision_flags()
     threads = torch.get_num_threads()
     for p in ("fp32", "tf32"):
-        train(config(precision=p), tmp_path / p, quiet=True, datasets=data)
+        train(config(precision=p), tmp_path / p, datasets=data)
         assert precision_flags() == before
     assert torch.get_num_threads() == threads
     a, b = weights(tmp_path / "fp32"), weights(tmp_path / "tf32")
@@ -257,8 +257,8 @@ def test_compile_wires_the_training_forward_only(tmp_path: Path, data, monkeypat
     trainer.run()
     assert seen and all(m is trainer.model for m in seen)
     torch._dynamo.reset()
-    train(config(compile=True, steps=4, eval_every=2), tmp_path / "c", quiet=True, datasets=data)
-    train(config(steps=4, eval_every=2), tmp_path / "e", quiet=True, datasets=data)
+    train(config(compile=True, steps=4, eval_every=2), tmp_path / "c", datasets=data)
+    train(config(steps=4, eval_every=2), tmp_path / "e", datasets=data)
     _same_runs(tmp_path / "c", tmp_path / "e")
 
 
@@ -278,7 +278,7 @@ def test_compiled_run_equals_eager_run(tmp_path: Path, data) -> None:
     small = {"n_layers": 1}
     for name, flag in (("c", True), ("e", False)):
         cfg = config(d_model=8, model=small, compile=flag, steps=4, eval_every=2)
-        train(cfg, tmp_path / name, quiet=True, datasets=data)
+        train(cfg, tmp_path / name, datasets=data)
     # Inductor fuses and reorders float32 arithmetic: equal to rounding, not bitwise.
     _same_runs(tmp_path / "c", tmp_path / "e", rtol=1e-4, atol=1e-5)
 
@@ -339,7 +339,7 @@ def test_cuda_precisions_train_close_to_fp32(tmp_path: Path, data, arch: str) ->
     runs = {}
     for p in ("fp32", "tf32", "bf16"):
         cfg = config(arch, precision=p, device="cuda", steps=8, eval_every=4)
-        status = train(cfg, tmp_path / p, quiet=True, datasets=data)
+        status = train(cfg, tmp_path / p, datasets=data)
         assert status["state"] == "done", status.get("reason")
         assert precision_flags() == before
         runs[p] = metric(tmp_path / p, "train", "running_loss")
@@ -379,5 +379,5 @@ def test_cuda_compiled_run_equals_eager_run(tmp_path: Path, data, strict_fp32) -
     torch._dynamo.reset()
     for name, flag in (("c", True), ("e", False)):
         cfg = config(compile=flag, device="cuda", steps=4, eval_every=2)
-        train(cfg, tmp_path / name, quiet=True, datasets=data)
+        train(cfg, tmp_path / name, datasets=data)
     _same_runs(tmp_path / "c", tmp_path / "e", rtol=1e-4, atol=1e-5)

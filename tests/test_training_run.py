@@ -68,7 +68,7 @@ def test_learns_trivial_task(tmp_path: Path) -> None:
             "training": {"lr": 3e-3, "steps": 300, "eval_every": 100},
         }
     )
-    status = train(cfg, tmp_path / "run", quiet=True)
+    status = train(cfg, tmp_path / "run")
     assert status["state"] == "done"
     assert status["metrics"]["dev"]["accuracy"] >= 0.95
     assert status["metrics"]["test"]["likelihood"] >= 0.8
@@ -83,11 +83,11 @@ def test_learns_trivial_task(tmp_path: Path) -> None:
 
 
 def test_deterministic(tmp_path: Path, data) -> None:
-    a = train(config(), tmp_path / "a", quiet=True, datasets=data)
-    b = train(config(), tmp_path / "b", quiet=True, datasets=data)
+    a = train(config(), tmp_path / "a", datasets=data)
+    b = train(config(), tmp_path / "b", datasets=data)
     assert a["metrics"] == b["metrics"]
     assert_same_run(tmp_path / "a", tmp_path / "b")
-    train(config(seed=1), tmp_path / "c", quiet=True, datasets=data)
+    train(config(seed=1), tmp_path / "c", datasets=data)
     assert (tmp_path / "a" / "metrics.csv").read_bytes() != (
         tmp_path / "c" / "metrics.csv"
     ).read_bytes()
@@ -105,14 +105,14 @@ def test_resume_equals_uninterrupted(
     tmp_path: Path, data, checkpoint_every: int, queries: int
 ) -> None:
     cfg = config(checkpoint_every=checkpoint_every, train_queries=queries)
-    train(cfg, tmp_path / "whole", quiet=True, datasets=data)
+    train(cfg, tmp_path / "whole", datasets=data)
 
     def crash_at_30(step, model, run_dir):
         if step == 30:
             raise Crash("simulated crash")
 
     with pytest.raises(Crash):
-        train(cfg, tmp_path / "split", quiet=True, datasets=data, callbacks=[crash_at_30])
+        train(cfg, tmp_path / "split", datasets=data, callbacks=[crash_at_30])
     status = read_status(tmp_path / "split")
     assert status["state"] == "failed" and status["reason"].startswith("crashed")
     assert (tmp_path / "split" / "checkpoint" / "state.json").is_file()
@@ -123,7 +123,6 @@ def test_resume_equals_uninterrupted(
     status = train(
         cfg,
         tmp_path / "split",
-        quiet=True,
         datasets=data,
         callbacks=[lambda step, model, run_dir: seen.append(step)],
     )
@@ -139,7 +138,7 @@ def test_resume_after_hard_kill(tmp_path: Path, data) -> None:
     # A killed process updates nothing: status stays "running", a half-written temp file may
     # be left behind. The checkpoint is what counts.
     cfg = config(checkpoint_every=20)
-    train(cfg, tmp_path / "whole", quiet=True, datasets=data)
+    train(cfg, tmp_path / "whole", datasets=data)
 
     def crash(step, model, run_dir):
         if step == 30:
@@ -147,30 +146,29 @@ def test_resume_after_hard_kill(tmp_path: Path, data) -> None:
 
     run = tmp_path / "split"
     with pytest.raises(Crash):
-        train(cfg, run, quiet=True, datasets=data, callbacks=[crash])
+        train(cfg, run, datasets=data, callbacks=[crash])
     (run / "status.json").write_text(json.dumps({"state": "running", "step": 30}))
     (run / "checkpoint" / ".step-000000030.safetensors.abc.tmp").write_bytes(b"partial")
-    assert train(cfg, run, quiet=True, datasets=data)["state"] == "done"
+    assert train(cfg, run, datasets=data)["state"] == "done"
     assert_same_run(tmp_path / "whole", run)
 
 
 def test_finished_run_is_skipped(tmp_path: Path, data) -> None:
-    first = train(config(), tmp_path / "r", quiet=True, datasets=data)
+    first = train(config(), tmp_path / "r", datasets=data)
     calls = []
     again = train(
         config(threads=1),
         tmp_path / "r",
-        quiet=True,
         datasets=data,
         callbacks=[lambda *a: calls.append(a)],
     )
     assert again == first and calls == []
     with pytest.raises(ConfigError, match="different config"):
-        train(config(lr=1e-2), tmp_path / "r", quiet=True, datasets=data)
+        train(config(lr=1e-2), tmp_path / "r", datasets=data)
 
 
 def test_divergence_is_a_failed_status(tmp_path: Path, data) -> None:
-    status = train(config(lr=1e6), tmp_path / "big", quiet=True, datasets=data)
+    status = train(config(lr=1e6), tmp_path / "big", datasets=data)
     assert status["state"] == "failed"
     assert "diverged" in status["reason"] and status["step"] > 0
     assert json.loads((tmp_path / "big" / "status.json").read_text())["state"] == "failed"
@@ -181,15 +179,15 @@ def test_divergence_is_a_failed_status(tmp_path: Path, data) -> None:
             with torch.no_grad():
                 model.embedding.weight[:] = float("inf")
 
-    status = train(config(), tmp_path / "inf", quiet=True, datasets=data, callbacks=[poison])
+    status = train(config(), tmp_path / "inf", datasets=data, callbacks=[poison])
     assert status["state"] == "failed" and status["step"] == 11
     assert "nan" in status["reason"]
     # Diverging again would be pointless: the failed run is returned, not retried.
-    assert train(config(), tmp_path / "inf", quiet=True, datasets=data) == status
+    assert train(config(), tmp_path / "inf", datasets=data) == status
 
 
 def test_load_run_rebuilds_the_model(tmp_path: Path, data) -> None:
-    status = train(config(), tmp_path / "r", quiet=True, datasets=data)
+    status = train(config(), tmp_path / "r", datasets=data)
     cfg, model = load_run(tmp_path / "r")
     assert cfg == resolve(config())
     assert not model.training

@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from mecheval.cli import app
+from mecheval.cli.progress import SweepDisplay
 from mecheval.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -54,43 +53,6 @@ def runtime_overrides(device: str | None, compile_: bool) -> dict[str, object]:
     if compile_:
         overrides["training.compile"] = True
     return overrides
-
-
-class SweepDisplay:
-    """One progress line per running job plus an overall bar (on stderr)."""
-
-    def __init__(self, total_runs: int, enabled: bool) -> None:
-        self.progress = Progress(
-            TextColumn("{task.description:<28}"),
-            BarColumn(),
-            TextColumn("{task.completed:>6.0f}/{task.total:<6.0f}"),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-            disable=not enabled,
-            transient=False,
-        )
-        self.overall = self.progress.add_task("all runs", total=total_runs, info="")
-        self.jobs: dict[str, TaskID] = {}
-        self.finished: set[str] = set()
-
-    def __enter__(self) -> SweepDisplay:
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.progress.__exit__(*exc)
-
-    def update(self, item: tuple) -> None:
-        name, step, total, loss, runs = item
-        if name not in self.jobs:
-            self.jobs[name] = self.progress.add_task(name, total=total, info="")
-        info = f"loss {loss:.3f}" if loss is not None else ""
-        self.progress.update(self.jobs[name], completed=step, total=total, info=info)
-        if step >= total and name not in self.finished:
-            self.finished.add(name)
-            self.progress.update(self.overall, advance=runs)
-            self.progress.remove_task(self.jobs[name])
 
 
 def _run(spec, out, workers, backend, address, retry_failed, plan, quiet, group_size, runtime):

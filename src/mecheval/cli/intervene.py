@@ -30,7 +30,7 @@ def intervene_command(
     from mecheval.interventions import restore_view
     from mecheval.models import site_names
     from mecheval.tasks import ROLES
-    from mecheval.training.run import load_run
+    from mecheval.training.folder import load_run
 
     if split not in ("dev", "test"):
         raise ConfigError(f"--split: expected dev or test, got {split!r}")

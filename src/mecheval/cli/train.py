@@ -54,9 +54,11 @@ def train_command(
     last checkpoint. Exit status: 0 done, 1 diverged, 2 bad config, 130 Ctrl-C, 143 SIGTERM
     (the run is marked failed, "crashed: interrupted", and resumes when run again).
     """
+    from mecheval.cli.progress import run_reporter
     from mecheval.training import config as run_config
+    from mecheval.training.folder import is_finished, read_status
     from mecheval.training.presets import preset as preset_data
-    from mecheval.training.run import Terminated, is_finished, read_status, stop_on_sigterm, train
+    from mecheval.training.run import Terminated, stop_on_sigterm, train
 
     if (config is None) == (preset is None):
         raise ConfigError("train: give either a CONFIG file or --preset (not both)")
@@ -86,7 +88,13 @@ def train_command(
         callbacks.append(EmergenceCallback(cfg.task, cfg.model.n_layers))
     try:
         with stop_on_sigterm():
-            status = train(cfg, run_dir, quiet=quiet, cache_dir=cache_dir, callbacks=callbacks)
+            status = train(
+                cfg,
+                run_dir,
+                callbacks,
+                cache_dir=cache_dir,
+                reporter=run_reporter(cfg.name, quiet),
+            )
     except KeyboardInterrupt as err:
         step = (read_status(run_dir) or {}).get("step", 0)
         print(f"interrupted: {run_dir} at step {step}; run again to resume", file=sys.stderr)

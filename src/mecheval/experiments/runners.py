@@ -118,12 +118,11 @@ def execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
 
 
 def _execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
-    import torch
-
     from mecheval.training.group import train_group
+    from mecheval.training.threads import set_torch_threads
 
     first = jobs[0]
-    torch.set_num_threads(first.threads)
+    set_torch_threads(first.threads)
     if first.plugins:
         from mecheval.models.registry import use_plugins
 
@@ -214,6 +213,11 @@ class QueueReporter:
     def evaluated(self, step: int, results: Mapping[str, Mapping[str, float]]) -> None:
         pass
 
+    def warn(self, text: str) -> None:
+        from mecheval.training.reporter import print_warning
+
+        print_warning(text)  # a worker's stderr is the sweep's
+
     def stop(self) -> None:
         pass
 
@@ -261,11 +265,10 @@ def step_seconds(cfg: RunConfig) -> float:
 
     from mecheval.models import build_model
     from mecheval.tasks import typical_batch_length
+    from mecheval.training.threads import torch_threads
 
     cfg = resolve(cfg)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         with torch.random.fork_rng(devices=[]):
             model = build_model(cfg.model)
             length = typical_batch_length(cfg.task, cfg.training.batch_size)
@@ -277,8 +280,6 @@ def step_seconds(cfg: RunConfig) -> float:
                 model(tokens, at=at).logsumexp(-1).sum().backward()
                 times.append(time.perf_counter() - start)
         return min(times[1:])
-    finally:
-        torch.set_num_threads(threads)
 
 
 def estimated_seconds(jobs: Sequence[Job]) -> dict[str, float]:

@@ -25,7 +25,7 @@ import yaml
 from mecheval.errors import ConfigError
 from mecheval.io import atomic_write_bytes, atomic_write_text
 from mecheval.schema import MEASUREMENT_COLUMNS
-from mecheval.training.run import STATUS_FILE, read_status
+from mecheval.training.folder import STATUS_FILE, read_status
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -12,14 +12,16 @@ seed, its own data order, metrics log, evaluation, callbacks, checkpoints); only
 step is replaced. Parameters are stacked with ``torch.func.stack_module_state``; one
 ``vmap(grad_and_value(functional_call(...)))`` computes every member's loss and gradient on its
 own batch (members with different seeds see different documents); gradients are clipped per
-member (each model's own norm) and :class:`StackedAdamW` applies AdamW with each member's own
-learning rate (read from its own LambdaLR, so the schedule is the single-run code) and weight
-decay. At each evaluation a member's slice is copied back into its Trainer's model and the
-Trainer's own ``evaluate_now`` runs, so metrics, ``metrics.csv`` and callbacks are computed by
-exactly the single-run code. A member's run folder ends up as :func:`~mecheval.training.run.train`
-would leave it (config.yaml, status.json with the same fields, metrics.csv, model.safetensors,
-checkpoint/ in the same format), equal to a one-by-one run up to float rounding: batched kernels
-sum in another order (tests/test_training_group.py holds it to float32 tolerance). A member's
+member (each model's own norm) and :class:`~mecheval.training.stacked.StackedAdamW` applies
+AdamW with each member's own learning rate (read from its own LambdaLR, so the schedule is the
+single-run code) and weight decay; that arithmetic lives in stacked.py, the run folders in
+folder.py (the same life cycle as a single run's). At each evaluation a member's slice is
+copied back into its Trainer's model and the Trainer's own ``evaluate_now`` runs, so metrics,
+``metrics.csv`` and callbacks are computed by exactly the single-run code. A member's run
+folder ends up as :func:`~mecheval.training.run.train` would leave it (config.yaml,
+status.json with the same fields, metrics.csv, model.safetensors, checkpoint/ in the same
+format), equal to a one-by-one run up to float rounding: batched kernels sum in another order
+(tests/test_training_group.py holds it to float32 tolerance). A member's
 ``wall_time`` is the group's wall time up to its end, the honest cost of getting that run.
 
 Which runs group (:func:`groupable`): identical resolved configs except :data:`PER_RUN_FIELDS`
@@ -37,7 +39,7 @@ Architectures that cannot be vmapped (a mixer writing in place into a freshly al
 buffer, Python control flow on tensor values, an autograd.Function without a vmap rule) are
 detected by a probe before training -- one vmapped forward and backward on two documents,
 compared with plain autograd per model -- and their group is trained one run at a time with
-``train()`` instead, with a warning naming the error (:data:`NO_VMAP` skips the probe).
+``train()`` instead, with a warning naming the error.
 With torch 2.13 all seven built-in architectures pass (attention, baseconv, based, deltanet,
 h3, hyena, mamba), with three caveats that cost speed, not correctness:
 
@@ -64,57 +66,36 @@ import json
 import math
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
-from torch.func import functional_call, grad_and_value, stack_module_state, vmap
+from torch.func import grad_and_value, stack_module_state, vmap
 
-from mecheval.io import atomic_save_safetensors, atomic_write_text
 from mecheval.tasks import Batch, get_task
-from mecheval.training.checkpoint import has_checkpoint, remove_checkpoint, save_checkpoint
-from mecheval.training.config import (
-    RunConfig,
-    config_to_data,
-    dump_yaml,
-    resolve,
-    total_steps,
-)
+from mecheval.training.checkpoint import has_checkpoint, save_checkpoint
+from mecheval.training.config import RunConfig, config_to_data, resolve
+from mecheval.training.folder import RunFolder
 from mecheval.training.metrics import answer_loss, multi_answer_loss
 from mecheval.training.precision import autocast, rounding_eps, tf32
-from mecheval.training.run import (
-    CONFIG_FILE,
-    MODEL_FILE,
-    RichReporter,
-    check_same_config,
-    crash_reason,
-    is_finished,
-    read_status,
-    train,
-    write_status,
+from mecheval.training.reporter import NullReporter, Reporter, ReporterFactory, null_reporter
+from mecheval.training.run import crash_reason, train
+from mecheval.training.stacked import (
+    Functional,
+    StackedAdamW,
+    Tensors,
+    clip_grad_norms_,
+    pad_stack,
 )
-from mecheval.training.trainer import (
-    CHECKPOINT_DIR,
-    Callback,
-    Diverged,
-    NullReporter,
-    Reporter,
-    Trainer,
-)
+from mecheval.training.threads import torch_threads
+from mecheval.training.trainer import Callback, Diverged, Trainer
 
 #: Training fields that may differ within a group: each member gets its own value.
 PER_RUN_FIELDS = ("lr", "seed", "weight_decay", "grad_clip", "keep_checkpoint")
 
-#: Architectures known not to vmap; their groups train one run at a time without a probe.
-#: Empty: every built-in architecture passes the probe (see the module docstring).
-NO_VMAP: frozenset[str] = frozenset()
-
 # Probe outcomes per group key (None: vmaps), so a sweep probes each shape once per process.
 _PROBED: dict[str, str | None] = {}
-
-Tensors = dict[str, torch.Tensor]
 
 
 # ----------------------------------------------------------------------------- grouping
@@ -146,114 +127,7 @@ def groupable(cfgs: Sequence[RunConfig], max_size: int | None = None) -> list[li
     return out
 
 
-# ----------------------------------------------------------------------------- optimizer
-
-
-class StackedAdamW:
-    """``torch.optim.AdamW`` for K models whose parameters are stacked along dim 0.
-
-    The arithmetic is torch's non-capturable single-tensor AdamW (decoupled decay
-    ``p *= 1 - lr * wd``, ``lerp`` first moment, bias corrections from the step count), with
-    the learning rate and weight decay given per (param group, model), so one set of kernels
-    updates every model with its own hyper-parameters. All models step together, so one step
-    count serves all of them.
-
-    ``groups``: the parameter names of each param group (as ``make_optimizer`` splits them);
-    ``weight_decay[g][k]``: group g's decay for model k.
-    """
-
-    def __init__(
-        self,
-        params: Mapping[str, torch.Tensor],
-        groups: Sequence[Sequence[str]],
-        weight_decay: Sequence[Sequence[float]],
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-    ) -> None:
-        self.group_of = {name: g for g, names in enumerate(groups) for name in names}
-        if set(self.group_of) != set(params):
-            raise ValueError("StackedAdamW: groups must name every parameter exactly once")
-        self.weight_decay = torch.tensor(weight_decay, dtype=torch.float64)  # [G, K]
-        self.betas = betas
-        self.eps = eps
-        self.steps = 0
-        self.exp_avg = {n: torch.zeros_like(p) for n, p in params.items()}
-        self.exp_avg_sq = {n: torch.zeros_like(p) for n, p in params.items()}
-
-    @property
-    def size(self) -> int:
-        return self.weight_decay.shape[1]
-
-    @torch.no_grad()
-    def step(self, params: Tensors, grads: Tensors, lr: Sequence[Sequence[float]]) -> None:
-        """Update ``params`` in place; ``lr[g][k]``: group g's current LR for model k."""
-        self.steps += 1
-        beta1, beta2 = self.betas
-        bias_correction1 = 1 - beta1**self.steps
-        bias_correction2_sqrt = (1 - beta2**self.steps) ** 0.5
-        # Per-model factors in float64, as torch computes its Python-float scalars, then
-        # rounded once to the parameters' dtype.
-        lrs = torch.tensor(lr, dtype=torch.float64)
-        decays = 1 - lrs * self.weight_decay
-        step_sizes = lrs / bias_correction1
-        any_decay = (self.weight_decay != 0).any(dim=1).tolist()
-        for name, p in params.items():
-            g = self.group_of[name]
-            shape = (p.shape[0],) + (1,) * (p.dim() - 1)
-            grad, exp_avg, exp_avg_sq = grads[name], self.exp_avg[name], self.exp_avg_sq[name]
-            if any_decay[g]:
-                p.mul_(decays[g].to(p).view(shape))
-            exp_avg.lerp_(grad, 1 - beta1)
-            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
-            p.sub_(exp_avg / denom * step_sizes[g].to(p).view(shape))
-
-    def keep(self, index: torch.Tensor) -> None:
-        """Keep only the models at ``index`` (dropping diverged ones), in that order."""
-        self.weight_decay = self.weight_decay[:, index.cpu()]
-        for state in (self.exp_avg, self.exp_avg_sq):
-            for name in state:
-                state[name] = state[name][index]
-
-
-def clip_grad_norms_(grads: Tensors, max_norms: Sequence[float | None]) -> torch.Tensor:
-    """Per-model ``nn.utils.clip_grad_norm_``: model k's gradients (slice k of every tensor)
-    are scaled by ``min(1, max_norms[k] / (norm_k + 1e-6))``, norm_k over its own parameters
-    only; ``None`` leaves a model unclipped. Returns the per-model norms before clipping."""
-    norms = torch.stack(
-        [torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads.values()], dim=1
-    )
-    total = torch.linalg.vector_norm(norms, dim=1)  # [K]
-    if all(m is None for m in max_norms):
-        return total
-    limit = torch.tensor([math.inf if m is None else m for m in max_norms]).to(total)
-    clipped = torch.tensor([m is not None for m in max_norms], device=total.device)
-    coef = torch.where(clipped, (limit / (total + 1e-6)).clamp(max=1.0), 1.0)
-    for g in grads.values():
-        g.mul_(coef.view((g.shape[0],) + (1,) * (g.dim() - 1)))
-    return total
-
-
 # ----------------------------------------------------------------------------- the group
-
-
-class _Functional:
-    """A module called with parameters and buffers given per call, so that the single-run loss
-    functions (``answer_loss``, ``multi_answer_loss``) run unchanged under vmap."""
-
-    def __init__(self, module: nn.Module, params: Tensors, buffers: Tensors) -> None:
-        self.module, self.params, self.buffers = module, params, buffers
-
-    def __call__(self, tokens: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
-        kwargs = {} if at is None else {"at": at}
-        return functional_call(self.module, (self.params, self.buffers), (tokens,), kwargs)
-
-
-def _pad_stack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Stack [B, T_k] token batches, right-padding with the pad id 0 to the longest: the loss
-    is read at each document's query, which (causal models) never sees the padding."""
-    width = max(t.shape[1] for t in tensors)
-    return torch.stack([nn.functional.pad(t, (0, width - t.shape[1])) for t in tensors])
 
 
 class GroupTrainer:
@@ -279,6 +153,9 @@ class GroupTrainer:
         ]
         self.reporter = reporter or NullReporter()
         first = self.members[0]
+        # One task, batch size and device: every member evaluates on the same batches.
+        for member in self.members[1:]:
+            member.eval_batches = first.eval_batches
         self.t = first.t
         self.total = first.total
         self.step = 0
@@ -313,7 +190,7 @@ class GroupTrainer:
         query: torch.Tensor,
         answer: torch.Tensor,
     ) -> torch.Tensor:
-        model = _Functional(self.shell, params, buffers)
+        model = Functional(self.shell, params, buffers)
         # Autocast inside the differentiated function covers the forward only, as in
         # Trainer.loss: grad_and_value runs the backward after this returns.
         with autocast(self.t.precision, self.device):
@@ -327,7 +204,7 @@ class GroupTrainer:
         positions: torch.Tensor,
         answers: torch.Tensor,
     ) -> torch.Tensor:
-        model = _Functional(self.shell, params, buffers)
+        model = Functional(self.shell, params, buffers)
         with autocast(self.t.precision, self.device):
             return multi_answer_loss(model, tokens, positions, answers)  # type: ignore[arg-type]
 
@@ -345,7 +222,7 @@ class GroupTrainer:
                 return self._grad_fn(
                     params,
                     buffers,
-                    _pad_stack([b.tokens for b in batches]),
+                    pad_stack([b.tokens for b in batches]),
                     torch.stack([b.query for b in batches]),
                     torch.stack([b.answer for b in batches]),
                 )
@@ -531,52 +408,35 @@ class GroupTrainer:
 
 
 def _vmap_error(group: GroupTrainer) -> str | None:
-    cfg = group.cfgs[0]
-    if cfg.model.architecture in NO_VMAP:
-        return f"{cfg.model.architecture} is in NO_VMAP"
-    key = group_key(cfg)
+    key = group_key(group.cfgs[0])
     if key not in _PROBED:
         _PROBED[key] = group.probe()
     return _PROBED[key]
 
 
-#: Makes the progress reporter of one stack (or one run, a list of one config).
-ReporterFactory = Callable[[Sequence[RunConfig]], Reporter]
-
-
-def _null_reporter(cfgs: Sequence[RunConfig]) -> Reporter:
-    return NullReporter()
-
-
-def _bar_reporter(cfgs: Sequence[RunConfig]) -> Reporter:
-    first = cfgs[0].name or cfgs[0].model.architecture
-    return RichReporter(first if len(cfgs) == 1 else f"{len(cfgs)} x {first}")
-
-
 def _train_members(
-    cfgs: Sequence[RunConfig],
-    run_dirs: Sequence[Path],
+    folders: Sequence[RunFolder],
     datasets: Mapping[str, Any],
     callbacks: Sequence[Callback],
     reporter_for: ReporterFactory,
     use_vmap: bool,
 ) -> list[dict[str, Any]]:
     """Train one group (no member finished, none with a checkpoint) into its run folders."""
+    cfgs = [folder.cfg for folder in folders]
 
     def one_by_one() -> list[dict[str, Any]]:
         return [
-            train(cfg, d, callbacks=callbacks, datasets=datasets, reporter=reporter_for([cfg]))
-            for cfg, d in zip(cfgs, run_dirs, strict=True)
+            train(f.cfg, f.path, callbacks, datasets=datasets, reporter=reporter_for([f.cfg]))
+            for f in folders
         ]
 
     if len(cfgs) == 1 or not use_vmap:
         return one_by_one()
-    cfg0 = cfgs[0]
-    group = GroupTrainer(cfgs, datasets, run_dirs, callbacks, reporter_for(cfgs))
+    group = GroupTrainer(cfgs, datasets, [f.path for f in folders], callbacks, reporter_for(cfgs))
     error = _vmap_error(group)
     if error is not None:
         warnings.warn(
-            f"train_group: {cfg0.model.architecture} cannot be vmapped ({error}); "
+            f"train_group: {cfgs[0].model.architecture} cannot be vmapped ({error}); "
             f"training its {len(cfgs)} runs one at a time",
             RuntimeWarning,
             stacklevel=3,
@@ -584,12 +444,20 @@ def _train_members(
         del group
         return one_by_one()
 
-    total = total_steps(cfg0)
     start = time.perf_counter()
-    for run_dir, cfg in zip(run_dirs, cfgs, strict=True):
-        run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(run_dir / CONFIG_FILE, dump_yaml(cfg))
-        write_status(run_dir, state="running", step=0, total_steps=total)
+    for folder in folders:
+        folder.prepare()
+        folder.running()
+
+    def diverged(k: int) -> dict[str, Any]:
+        member, err = group.members[k], group.failed[k]
+        return folders[k].diverged(
+            err.reason,
+            step=err.step,
+            wall_time=member.wall_time(start),
+            metrics=member.last_results,
+        )
+
     try:
         group.run(start)
     except BaseException as err:
@@ -597,56 +465,27 @@ def _train_members(
         reason = crash_reason(err)
         for k in group.live:
             member = group.members[k]
-            write_status(
-                member.run_dir,
-                state="failed",
-                reason=reason,
-                step=member.step,
-                total_steps=total,
-                wall_time=member.wall_time(start),
-            )
+            folders[k].crashed(reason, step=member.step, wall_time=member.wall_time(start))
         for k in group.failed:
-            _write_failed(group, k, total, start)
+            diverged(k)
         raise
-    statuses: list[dict[str, Any]] = []
-    for k, member in enumerate(group.members):
-        if k in group.failed:
-            statuses.append(_write_failed(group, k, total, start))
-            continue
-        atomic_save_safetensors(member.run_dir / MODEL_FILE, member.model.state_dict())
-        statuses.append(
-            write_status(
-                member.run_dir,
-                state="done",
-                step=member.step,
-                total_steps=total,
-                wall_time=member.wall_time(start),
-                metrics=member.last_results,
-            )
+    return [
+        diverged(k)
+        if k in group.failed
+        else folders[k].done(
+            member.model.state_dict(),
+            step=member.step,
+            wall_time=member.wall_time(start),
+            metrics=member.last_results,
         )
-        if not member.t.keep_checkpoint:
-            remove_checkpoint(member.run_dir / CHECKPOINT_DIR)
-    return statuses
-
-
-def _write_failed(group: GroupTrainer, k: int, total: int, start: float) -> dict[str, Any]:
-    member, err = group.members[k], group.failed[k]
-    return write_status(
-        member.run_dir,
-        state="failed",
-        reason=err.reason,
-        step=err.step,
-        total_steps=total,
-        wall_time=member.wall_time(start),
-        metrics=member.last_results,
-    )
+        for k, member in enumerate(group.members)
+    ]
 
 
 def train_group(
     cfgs: Sequence[RunConfig],
     run_dirs: Sequence[str | Path],
     *,
-    quiet: bool = True,
     callbacks: Sequence[Callback] = (),
     datasets: Mapping[str, Any] | None = None,
     cache_dir: Path | None = None,
@@ -661,28 +500,18 @@ def train_group(
     Finished runs are skipped; a run with a checkpoint is resumed alone by ``train()``; a
     group whose architecture does not vmap (or ``use_vmap=False``) trains one run at a time.
     ``datasets`` (shared by all runs, which must then have one task) saves rebuilding them;
-    ``max_group`` caps the stack size. ``reporter_for(cfgs)`` gives the progress reporter of
-    each stack or single run (default: a progress bar unless ``quiet``). A crash (or a
-    callback raising) marks the unfinished members of the group ``crashed`` and propagates,
-    as ``train()`` does.
+    ``max_group`` caps the stack size. ``reporter_for(cfgs)`` gives the reporter of each
+    stack or single run (default: no progress display). A crash (or a callback raising)
+    marks the unfinished members of the group ``crashed`` and propagates, as ``train()`` does.
     """
     if len(cfgs) != len(run_dirs):
         raise ValueError(f"train_group: {len(cfgs)} configs but {len(run_dirs)} run folders")
     dirs = [Path(d) for d in run_dirs]
     if len({d.resolve() for d in dirs}) != len(dirs):
         raise ValueError("train_group: two runs share a run folder")
-    resolved = [resolve(cfg) for cfg in cfgs]
-    if reporter_for is None:
-        reporter_for = _null_reporter if quiet else _bar_reporter
-    statuses: list[dict[str, Any] | None] = [None] * len(resolved)
-    pending: list[int] = []
-    for i, (cfg, run_dir) in enumerate(zip(resolved, dirs, strict=True)):
-        check_same_config(run_dir, cfg)
-        status = read_status(run_dir)
-        if is_finished(status):
-            statuses[i] = status
-        else:
-            pending.append(i)
+    folders = [RunFolder(d, resolve(cfg)) for cfg, d in zip(cfgs, dirs, strict=True)]
+    reporter_for = reporter_for or null_reporter
+    statuses: list[dict[str, Any] | None] = [folder.check() for folder in folders]
     built: dict[str, Mapping[str, Any]] = {}
 
     def data_for(cfg: RunConfig) -> Mapping[str, Any]:
@@ -696,34 +525,26 @@ def train_group(
         return built[key]
 
     fresh: list[int] = []
-    for i in pending:
-        if has_checkpoint(dirs[i] / CHECKPOINT_DIR):
+    for i, folder in enumerate(folders):
+        if statuses[i] is not None:
+            continue
+        if has_checkpoint(folder.checkpoint_dir):
             statuses[i] = train(
-                resolved[i],
-                dirs[i],
-                callbacks=callbacks,
-                datasets=data_for(resolved[i]),
-                reporter=reporter_for([resolved[i]]),
+                folder.cfg,
+                folder.path,
+                callbacks,
+                datasets=data_for(folder.cfg),
+                reporter=reporter_for([folder.cfg]),
             )
         else:
             fresh.append(i)
-    for group in groupable([resolved[i] for i in fresh], max_size=max_group):
+    for group in groupable([folders[i].cfg for i in fresh], max_size=max_group):
         indices = [fresh[j] for j in group]
-        cfgs_g = [resolved[i] for i in indices]
-        previous_threads = torch.get_num_threads()
-        if cfgs_g[0].training.threads is not None:
-            torch.set_num_threads(cfgs_g[0].training.threads)
-        try:
+        members = [folders[i] for i in indices]
+        with torch_threads(members[0].cfg.training.threads):
             results = _train_members(
-                cfgs_g,
-                [dirs[i] for i in indices],
-                data_for(cfgs_g[0]),
-                callbacks,
-                reporter_for,
-                use_vmap,
+                members, data_for(members[0].cfg), callbacks, reporter_for, use_vmap
             )
-        finally:
-            torch.set_num_threads(previous_threads)
         for i, status in zip(indices, results, strict=True):
             statuses[i] = status
     assert all(s is not None for s in statuses)

@@ -8,6 +8,7 @@ accuracy 1[argmax ŷ = i], loss -log ŷ_i, each averaged over a split. Also the 
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,10 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from mecheval.io import atomic_write_csv
-from mecheval.tasks import Batch
-from mecheval.tasks.scores import SCORES, answer_scores
+from mecheval.tasks import Batch, TaskDataset
+from mecheval.tasks.scores import answer_scores
 
-METRICS = tuple(SCORES)
 CSV_HEADER = ("step", "split", "metric", "value")
 
 
@@ -51,27 +51,41 @@ def batch_scores(model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
     return answer_scores(model(batch.tokens, at=batch.query), batch.answer)
 
 
-def evaluate(
-    model: nn.Module, dataset, batch_size: int, device: torch.device | str | None = None
-) -> dict[str, float]:
-    """Mean likelihood of the answer, accuracy and loss of ``model`` over ``dataset``."""
-    if device is None:
-        device = next(model.parameters()).device
+def eval_batches(dataset: TaskDataset, batch_size: int, device: torch.device | str) -> list[Batch]:
+    """``dataset`` in order, as batches of ``batch_size`` on ``device``: what
+    :func:`evaluate_batches` reads; a run makes them once and evaluates on them repeatedly."""
+    return [batch.to(device) for batch in dataset.iter_batches(batch_size, shuffle=False)]
+
+
+def evaluate_batches(model: nn.Module, batches: Iterable[Batch]) -> dict[str, float]:
+    """Mean likelihood of the answer, accuracy and loss of ``model`` over ``batches``."""
     was_training = model.training
     model.eval()
-    totals = dict.fromkeys(METRICS, 0.0)
+    totals: dict[str, float] = {}
     count = 0
     try:
-        for batch in dataset.iter_batches(batch_size, shuffle=False):
-            batch = batch.to(device)
+        for batch in batches:
             for name, values in batch_scores(model, batch).items():
-                totals[name] += values.sum().item()
+                totals[name] = totals.get(name, 0.0) + values.sum().item()
             count += len(batch)
     finally:
         model.train(was_training)
     if count == 0:
         raise ValueError("evaluate: empty dataset")
     return {name: total / count for name, total in totals.items()}
+
+
+def evaluate(
+    model: nn.Module,
+    dataset: TaskDataset,
+    batch_size: int,
+    device: torch.device | str | None = None,
+) -> dict[str, float]:
+    """Mean likelihood of the answer, accuracy and loss of ``model`` over ``dataset``."""
+    if device is None:
+        device = next(model.parameters()).device
+    batches = (b.to(device) for b in dataset.iter_batches(batch_size, shuffle=False))
+    return evaluate_batches(model, batches)
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,12 @@ global RNG state is checkpointed anyway, so that a mixer that does draw stays re
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,16 +26,22 @@ from mecheval.models.kernels import fused_kernels, require_fused
 from mecheval.tasks import Batch, get_task
 from mecheval.training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from mecheval.training.config import RunConfig, total_steps, warmup_steps
-from mecheval.training.metrics import MetricsLog, answer_loss, evaluate, multi_answer_loss
+from mecheval.training.folder import CHECKPOINT_DIR, METRICS_FILE
+from mecheval.training.metrics import (
+    MetricsLog,
+    answer_loss,
+    eval_batches,
+    evaluate_batches,
+    multi_answer_loss,
+)
 from mecheval.training.precision import autocast, tf32
+from mecheval.training.reporter import NullReporter, Reporter
 from mecheval.training.schedule import make_scheduler
 
 #: ``(step, model, run_dir) -> None``, called after each evaluation (step 0 and the end
 #: included); how higher stages (e.g. interventions) hook into training without being imported.
 Callback = Callable[[int, LanguageModel, Path], None]
 
-CHECKPOINT_DIR = "checkpoint"
-METRICS_FILE = "metrics.csv"
 # Separate random streams derived from training.seed, so that no use disturbs another.
 _ORDER_STREAM = 0x0DA7A
 _QUERY_STREAM = 0x0E7A9
@@ -45,27 +52,6 @@ class Diverged(RuntimeError):
         super().__init__(reason)
         self.step = step
         self.reason = reason
-
-
-class Reporter(Protocol):
-    def start(self, total: int, step: int) -> None: ...
-    def step(self, step: int, loss: float) -> None: ...
-    def evaluated(self, step: int, results: Mapping[str, Mapping[str, float]]) -> None: ...
-    def stop(self) -> None: ...
-
-
-class NullReporter:
-    def start(self, total: int, step: int) -> None:
-        pass
-
-    def step(self, step: int, loss: float) -> None:
-        pass
-
-    def evaluated(self, step: int, results: Mapping[str, Mapping[str, float]]) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
 
 
 def _generator(*entropy: int) -> torch.Generator:
@@ -153,6 +139,16 @@ class Trainer:
         indices = self._order[1][position * size : (position + 1) * size]
         return self.train_set.batch(indices).to(self.device)
 
+    @functools.cached_property
+    def eval_batches(self) -> dict[str, list[Batch]]:
+        """Each evaluation split's batches, on the device: made once per run (every
+        evaluation reads the same documents), not sliced and copied again at each one."""
+        assert self.t.eval_batch_size is not None
+        return {
+            split: eval_batches(self.datasets[split], self.t.eval_batch_size, self.device)
+            for split in self.t.eval_splits
+        }
+
     # ------------------------------------------------------------------ state
     @property
     def checkpoint_dir(self) -> Path:
@@ -239,9 +235,8 @@ class Trainer:
         self.metrics.add(step, "train", {"lr": self.optimizer.param_groups[0]["lr"]})
         self.loss_sum, self.loss_count = 0.0, 0
         results: dict[str, dict[str, float]] = {}
-        for split in self.t.eval_splits:
-            assert self.t.eval_batch_size is not None
-            results[split] = evaluate(self.model, self.datasets[split], self.t.eval_batch_size)
+        for split, batches in self.eval_batches.items():
+            results[split] = evaluate_batches(self.model, batches)
             self.metrics.add(step, split, results[split])
         self.metrics.flush()
         self.last_results = results

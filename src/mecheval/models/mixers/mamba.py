@@ -172,10 +172,6 @@ class Mamba(Mixer):
         self.dt_proj = nn.Linear(self.dt_rank, self.d_inner, bias=True)
         self.A_log = nn.Parameter(torch.empty(self.d_inner, self.d_state))
         self.D = nn.Parameter(torch.empty(self.d_inner))
-        # Mamba excludes these from weight decay; A_log is 2-D, so a "decay matrices" rule
-        # would otherwise catch it.
-        self.A_log._no_weight_decay = True  # type: ignore[attr-defined]
-        self.D._no_weight_decay = True  # type: ignore[attr-defined]
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=options.bias)
         self.init_special()
 

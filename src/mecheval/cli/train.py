@@ -85,7 +85,7 @@ def train_command(
         # The CLI wires a higher stage into training; training itself never imports it.
         from mecheval.experiments.mechanisms import EmergenceCallback
 
-        callbacks.append(EmergenceCallback(cfg.task, cfg.model.n_layers))
+        callbacks.append(EmergenceCallback(cfg.task, cfg.model.n_layers, cache_dir=cache_dir))
     try:
         with stop_on_sigterm():
             status = train(

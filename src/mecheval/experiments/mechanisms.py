@@ -44,13 +44,20 @@ class InterventionPlan:
     during_training: bool = False
 
 
-def eval_batch(task: Any, split: str, n_docs: int | None) -> tuple[Batch, Batch]:
-    """The first ``n_docs`` documents of ``split`` and their key-corrupted counterfactuals."""
+def eval_batch(
+    task: Any, split: str, n_docs: int | None, cache_dir: Path | None = None
+) -> tuple[Batch, Batch]:
+    """The first ``n_docs`` documents of ``split`` and their key-corrupted counterfactuals.
+    With the dataset cache training used (``cache_dir``), they are read from it, not built
+    again."""
     if split not in ("dev", "test"):
         raise ValueError(f"split: expected dev or test, got {split!r}")
-    # The eval splits are drawn from their own seeded streams, so skipping the train split
-    # leaves them byte-identical and saves building 100k documents.
-    datasets = build_datasets(task.model_copy(update={"n_train": 0}))
+    if cache_dir is not None:
+        datasets = build_datasets(task, cache_dir=cache_dir)
+    else:
+        # The eval splits are drawn from their own seeded streams, so skipping the train
+        # split leaves them byte-identical and saves building 100k documents.
+        datasets = build_datasets(task.model_copy(update={"n_train": 0}))
     dataset = datasets[split]
     n = len(dataset) if n_docs is None else min(n_docs, len(dataset))
     original = dataset.batch(torch.arange(n))
@@ -76,10 +83,11 @@ def measure(
     plan: InterventionPlan,
     step: int,
     pair: tuple[Batch, Batch] | None = None,
+    cache_dir: Path | None = None,
 ) -> tuple[pd.DataFrame, InterchangeResult]:
     """The plan's interventions on ``model`` at training ``step``, on ``pair`` (original,
     corrupted) if given, else on the plan's documents."""
-    original, corrupted = pair or eval_batch(task, plan.split, plan.n_docs)
+    original, corrupted = pair or eval_batch(task, plan.split, plan.n_docs, cache_dir)
     was_training = model.training
     model.eval()
     try:
@@ -110,10 +118,11 @@ def intervene_run(
     plan: InterventionPlan | None = None,
     skip_existing: bool = False,
     loaded: tuple[Any, LanguageModel] | None = None,
+    cache_dir: Path | None = None,
 ) -> RunMechanism | None:
     """Run the plan's interventions on a finished run and write them into its folder
     (None: ``skip_existing`` and they were there). ``loaded`` is the run's (config, model)
-    when the caller has loaded it already."""
+    when the caller has loaded it already; ``cache_dir`` the dataset cache it trained with."""
     run_dir = Path(run_dir)
     plan = plan or InterventionPlan()
     target = run_dir / INTERVENTIONS_FILE
@@ -121,7 +130,7 @@ def intervene_run(
         return None
     cfg, model = load_run(run_dir) if loaded is None else loaded
     step = int((read_status(run_dir) or {}).get("step", 0))
-    rows, result = measure(model, cfg.task, plan, step)
+    rows, result = measure(model, cfg.task, plan, step, cache_dir=cache_dir)
     label = label_mechanism(result.table, n_layers=cfg.model.n_layers)
     atomic_write_text(run_dir / MECHANISM_FILE, json.dumps(asdict(label), indent=2) + "\n")
     atomic_write_text(target, rows.to_csv(index=False))
@@ -136,8 +145,16 @@ class EmergenceCallback:
     documents per evaluation.
     """
 
-    def __init__(self, task: Any, n_layers: int, n_docs: int = 64, split: str = "dev") -> None:
+    def __init__(
+        self,
+        task: Any,
+        n_layers: int,
+        n_docs: int = 64,
+        split: str = "dev",
+        cache_dir: Path | None = None,
+    ) -> None:
         self.task = task
+        self.cache_dir = cache_dir
         self.plan = InterventionPlan(
             sites=(last_layer_input(n_layers),),
             roles=("key", "value", "query"),
@@ -148,7 +165,7 @@ class EmergenceCallback:
 
     def __call__(self, step: int, model: LanguageModel, run_dir: Path) -> None:
         if self._pair is None:
-            self._pair = eval_batch(self.task, self.plan.split, self.plan.n_docs)
+            self._pair = eval_batch(self.task, self.plan.split, self.plan.n_docs, self.cache_dir)
         rows, _ = measure(model, self.task, self.plan, step, self._pair)
         path = Path(run_dir) / EMERGENCE_FILE
         if path.exists():

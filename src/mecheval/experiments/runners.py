@@ -26,15 +26,9 @@ from mecheval.experiments.grid import RunSpec, SweepSpec, expand
 from mecheval.experiments.mechanisms import InterventionPlan
 from mecheval.models.registry import plugin_paths
 from mecheval.training.config import RunConfig, config_from_data, resolve
+from mecheval.training.folder import STATUS_FILE, is_finished, read_status
 from mecheval.training.presets import preset
-from mecheval.training.run import (
-    STATUS_FILE,
-    Terminated,
-    is_finished,
-    raise_interrupt,
-    read_status,
-    stop_on_sigterm,
-)
+from mecheval.training.run import Terminated, raise_interrupt, stop_on_sigterm
 
 BACKENDS = ("local", "ray")
 
@@ -130,11 +124,14 @@ def _execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
     cfgs = [RunConfig.model_validate(job.config) for job in jobs]
     run_dirs = [Path(job.run_dir) for job in jobs]
     already = [read_status(run_dir) for run_dir in run_dirs]
+    cache_dir = Path(first.cache_dir) if first.cache_dir else None
     callbacks = []
     if first.plan is not None and first.plan.during_training:
         from mecheval.experiments.mechanisms import EmergenceCallback
 
-        callbacks.append(EmergenceCallback(cfgs[0].task, cfgs[0].model.n_layers))
+        callbacks.append(
+            EmergenceCallback(cfgs[0].task, cfgs[0].model.n_layers, cache_dir=cache_dir)
+        )
 
     def reporter_for(members: Sequence[RunConfig]) -> QueueReporter:
         label = str(members[0].name) + (f" +{len(members) - 1}" if len(members) > 1 else "")
@@ -147,7 +144,7 @@ def _execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
                 [cfgs[i] for i in indices],
                 [run_dirs[i] for i in indices],
                 callbacks=callbacks,
-                cache_dir=Path(first.cache_dir) if first.cache_dir else None,
+                cache_dir=cache_dir,
                 max_group=len(indices),
                 reporter_for=reporter_for if progress is not None else None,
             )
@@ -183,7 +180,8 @@ def _finish(job: Job, run_dir: Path, before: Mapping[str, Any] | None, crash: st
         from mecheval.experiments.mechanisms import intervene_run
 
         try:
-            intervene_run(run_dir, job.plan, skip_existing=True)
+            cache = Path(job.cache_dir) if job.cache_dir else None
+            intervene_run(run_dir, job.plan, skip_existing=True, cache_dir=cache)
         except Exception as err:
             return Outcome(job.name, "failed", f"interventions: {type(err).__name__}: {err}")
     return Outcome(

@@ -19,7 +19,7 @@ from mecheval.training.checkpoint import (
     remove_checkpoint,
 )
 from mecheval.training.config import RunConfig, resolve
-from mecheval.training.folder import STATUS_FILE, RunFolder, is_finished, load_run, read_status
+from mecheval.training.folder import RunFolder
 from mecheval.training.reporter import Reporter
 from mecheval.training.threads import torch_threads
 from mecheval.training.trainer import Callback, Diverged, Trainer
@@ -31,12 +31,6 @@ __all__ = [
     "raise_interrupt",
     "stop_on_sigterm",
     "train",
-    # Re-exported from folder.py: experiments.runners and experiments.mechanisms (edited
-    # elsewhere at the time) import them from here; new code imports them from folder.py.
-    "STATUS_FILE",
-    "is_finished",
-    "load_run",
-    "read_status",
 ]
 
 

@@ -345,11 +345,11 @@ def test_run_config_requires_task() -> None:
 def test_extend_queries_keeps_the_paper_document_as_prefix() -> None:
     from mecheval.tasks import ARConfig, build_datasets
     from mecheval.tasks.ar import extend_queries
-    from mecheval.training.trainer import _generator
+    from mecheval.tasks.base import torch_generator
 
     task = ARConfig(n_keys=10, n_values=10, n_pairs=5, n_train=8, n_dev=1, n_test=1)
     batch = build_datasets(task)["train"].batch(torch.arange(8))
-    tokens, positions, answers = extend_queries(batch, 4, _generator(0, 1))
+    tokens, positions, answers = extend_queries(batch, 4, torch_generator(0, 1, two_words=True))
     d = int(batch.roles["divider"][0])
     assert torch.equal(tokens[:, : batch.tokens.shape[1]], batch.tokens)
     assert positions.tolist() == [d + 1, d + 3, d + 5, d + 7]
@@ -366,7 +366,7 @@ def test_extend_queries_keeps_the_paper_document_as_prefix() -> None:
             assert (row, int(tokens[row, pos]), int(answers[row, j])) in pairs
             if j + 1 < 4:
                 assert int(tokens[row, pos + 1]) == int(answers[row, j])  # teacher forcing
-    again = extend_queries(batch, 4, _generator(0, 1))
+    again = extend_queries(batch, 4, torch_generator(0, 1, two_words=True))
     assert torch.equal(again[0], tokens)
 
 

@@ -66,10 +66,17 @@ def numpy_rng(*entropy: int) -> np.random.Generator:
     return np.random.default_rng(list(entropy))
 
 
-def torch_generator(*entropy: int) -> torch.Generator:
-    """A CPU torch generator seeded from the integers ``entropy`` (NumPy's SeedSequence, one
-    63-bit word): distinct entropy tuples give independent streams."""
-    seed = int(np.random.SeedSequence(list(entropy)).generate_state(1, dtype=np.uint64)[0])
+def torch_generator(*entropy: int, two_words: bool = False) -> torch.Generator:
+    """A CPU torch generator seeded from the integers ``entropy`` through NumPy's
+    SeedSequence: distinct entropy tuples give independent streams. The seed is one 64-bit
+    word cut to 63 bits (the documents' streams), or with ``two_words`` two 32-bit words, high
+    then low (training's data order and extra queries): each caller keeps the derivation its
+    saved datasets and runs were made with."""
+    sequence = np.random.SeedSequence(list(entropy))
+    if two_words:
+        high, low = sequence.generate_state(2, dtype=np.uint32)
+        return torch.Generator().manual_seed(int(high) << 32 | int(low))
+    seed = int(sequence.generate_state(1, dtype=np.uint64)[0])
     return torch.Generator().manual_seed(seed & ((1 << 63) - 1))
 
 

@@ -17,13 +17,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from mecheval.models import LanguageModel, build_model
 from mecheval.models.kernels import fused_kernels, require_fused
 from mecheval.tasks import Batch, get_task
+from mecheval.tasks.base import torch_generator
 from mecheval.training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from mecheval.training.config import RunConfig, total_steps, warmup_steps
 from mecheval.training.folder import CHECKPOINT_DIR, METRICS_FILE
@@ -54,14 +54,9 @@ class Diverged(RuntimeError):
         self.reason = reason
 
 
-def _generator(*entropy: int) -> torch.Generator:
-    state = np.random.SeedSequence(list(entropy)).generate_state(2, dtype=np.uint32)
-    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
-
-
 def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
     """The permutation of ``n`` train documents used in ``epoch``: a function of (seed, epoch)."""
-    return torch.randperm(n, generator=_generator(seed, epoch, _ORDER_STREAM))
+    return torch.randperm(n, generator=torch_generator(seed, epoch, _ORDER_STREAM, two_words=True))
 
 
 def init_model(cfg: RunConfig) -> LanguageModel:
@@ -189,7 +184,7 @@ class Trainer:
     def query_generator(self, step: int) -> torch.Generator:
         """Draws step ``step``'s extra training queries: from (seed, step) alone, so a resumed
         run, or the same run trained in a group, extends its batches identically."""
-        return _generator(self.t.seed, step, _QUERY_STREAM)
+        return torch_generator(self.t.seed, step, _QUERY_STREAM, two_words=True)
 
     def loss(self, batch: Batch, model: nn.Module | None = None) -> torch.Tensor:
         """The training loss on ``batch`` (forward under ``training.precision``'s autocast;

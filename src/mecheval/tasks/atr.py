@@ -44,6 +44,7 @@ from mecheval.tasks.base import (
     check_split,
     numpy_rng,
 )
+from mecheval.tasks.no_context import edge_distribution, no_context_accuracy, optimal_guess
 from mecheval.tasks.pcfg import Grammar, Tree, Uniforms, build_grammar, sample_tree
 from mecheval.tasks.vocab import BOS, DIV, N_SPECIAL
 
@@ -345,16 +346,30 @@ def _tree_shape(ds: TaskDataset) -> tuple[list[int], list[float], list[float]]:
 
 
 def tree_stats(ds: TaskDataset) -> dict[str, torch.Tensor]:
-    """``task stats``: tree depth, branching, repeated terminals, and how often the answer is
-    the query terminal itself."""
+    """``task stats``: tree depth, branching, repeated terminals, how often the answer is the
+    query terminal itself or the last yield symbol (the root's head, in a right-headed
+    grammar), and, for parent queries, how much the query alone gives away
+    (tasks/no_context.py): the exact grammar-optimal accuracy over all parent-child edges,
+    and whether that guess is right on each document's own query."""
     depths, branching, repeated = _tree_shape(ds)
-    query = ds.tokens[torch.arange(len(ds)), ds.roles["query"]]
-    return {
+    rows = torch.arange(len(ds))
+    query = ds.tokens[rows, ds.roles["query"]]
+    last = ds.tokens[rows, ds.roles["divider"] - 1]
+    out = {
         "tree depth (edges)": torch.tensor(depths),
         "branching factor": torch.tensor(branching),
         "share of non-unique terminals": torch.tensor(repeated),
         "answer equals query": (ds.answer == query).double(),
+        "answer is the last yield symbol": (ds.answer == last).double(),
     }
+    if ds.cfg.query == "parent":
+        edges = edge_distribution(build_grammar(ds.cfg))
+        guess = terminal_id(ds.cfg, torch.from_numpy(optimal_guess(edges)))
+        out["no-context guess right (grammar-optimal)"] = (
+            guess[query - terminal_id(ds.cfg, 0)] == ds.answer
+        ).double()
+        out["no-context accuracy, all edges (exact)"] = torch.tensor([no_context_accuracy(edges)])
+    return out
 
 
 #: Training batches sampled by :func:`typical_length`.

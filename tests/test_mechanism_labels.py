@@ -11,10 +11,12 @@ answer is complete at the query before the last layer.
 
 from __future__ import annotations
 
+import pandas as pd
+import pytest
 import torch
 import torch.nn.functional as F
 
-from mecheval.interventions import interchange, label_mechanism
+from mecheval.interventions import Thresholds, interchange, label_mechanism
 from mecheval.models import ModelConfig, build_model
 from mecheval.models.mixers.attention import Attention, AttentionOptions
 from mecheval.models.mixers.base import Mixer
@@ -143,3 +145,30 @@ def test_untrained_model_is_not_learned() -> None:
     original, corrupted = pair()
     result = interchange(model, original, corrupted, sites=["layers.1.input"])
     assert label_mechanism(result.table, n_layers=2).label == "not learned"
+
+
+def _table(original: float, corrupted: float, restored: dict[str, float]) -> pd.DataFrame:
+    rows = [
+        ("original", "", "", "likelihood", original),
+        ("corrupted", "", "", "likelihood", corrupted),
+    ]
+    rows += [("restored", "layers.1.input", r, "likelihood", v) for r, v in restored.items()]
+    return pd.DataFrame(rows, columns=["condition", "site", "role", "metric", "value"])
+
+
+@pytest.mark.parametrize(
+    ("gap", "expected"),
+    [(0.0, "inconclusive"), (0.049, "inconclusive"), (0.051, "induction"), (0.3, "induction")],
+)
+def test_inconclusive_exactly_when_the_range_is_below_the_threshold(gap, expected) -> None:
+    """A label needs range: below min_gap (0.05) the corruption removed too little for any
+    restore to be read, whatever the restores show; at or above it, the restores decide."""
+    original = 0.9
+    corrupted = original - gap
+    # The value restores everything the corruption removed; key and query nothing.
+    table = _table(original, corrupted, {"key": corrupted, "value": original, "query": corrupted})
+    label = label_mechanism(table, n_layers=2)
+    assert label.label == expected
+    assert label.range == pytest.approx(gap)
+    assert f"range {gap:.3f}" in str(label)
+    assert Thresholds().min_gap == 0.05  # the threshold the cases straddle

@@ -132,7 +132,8 @@ def intervene_run(
     step = int((read_status(run_dir) or {}).get("step", 0))
     rows, result = measure(model, cfg.task, plan, step, cache_dir=cache_dir)
     label = label_mechanism(result.table, n_layers=cfg.model.n_layers)
-    atomic_write_text(run_dir / MECHANISM_FILE, json.dumps(asdict(label), indent=2) + "\n")
+    record = {**asdict(label), "range": label.range}
+    atomic_write_text(run_dir / MECHANISM_FILE, json.dumps(record, indent=2) + "\n")
     atomic_write_text(target, rows.to_csv(index=False))
     return RunMechanism(result, rows, label)
 

@@ -6,7 +6,10 @@ likelihood at a role, a role *recovers* the fraction (r − c) / (o − c) of wh
 corruption removed:
 
 - ``not learned``: o < ``min_original``.
-- ``no effect``: o − c < ``min_gap`` (corrupting the key barely hurts: nothing to explain).
+- ``inconclusive``: the range o − c < ``min_gap``. Corrupting the key barely moves the
+  answer, so no restore can show where the key's information went: a measurement without
+  range, not evidence of "no mechanism" (ATR documents whose answer does not need the key
+  show it). The label and its string report the range.
 - otherwise the role with the largest fraction, if it is ≥ ``min_fraction``:
   ``value`` -> ``induction`` (the key was associated at the value before the last layer);
   ``next_key`` -> ``induction (next key)`` (Mamba's variant, paper §4.4);
@@ -48,11 +51,16 @@ class MechanismLabel:
     recovered: dict[str, float] = field(default_factory=dict)
     thresholds: Thresholds = Thresholds()
 
+    @property
+    def range(self) -> float:
+        """original − corrupted: what the corruption removed, which restores can recover."""
+        return self.original - self.corrupted
+
     def __str__(self) -> str:
         parts = ", ".join(f"{r} {v:.0%}" for r, v in self.recovered.items())
         return (
             f"{self.label} (at {self.site}: original {self.original:.3f}, corrupted "
-            f"{self.corrupted:.3f}; recovered {parts})"
+            f"{self.corrupted:.3f}, range {self.range:.3f}; recovered {parts})"
         )
 
 
@@ -80,7 +88,7 @@ def label_mechanism(
     if original < thresholds.min_original:
         label = "not learned"
     elif gap < thresholds.min_gap:
-        label = "no effect"
+        label = "inconclusive"
     elif not recovered:
         raise ValueError(f"label: the table has no restores at {site} (key/value/query)")
     else:

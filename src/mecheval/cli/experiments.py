@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -24,6 +25,21 @@ Address = Annotated[str | None, typer.Option(help="Ray cluster address (default:
 Out = Annotated[Path, typer.Option(help="folder that holds experiment folders")]
 RetryFailed = Annotated[bool, typer.Option("--retry-failed", help="rerun failed runs")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="no progress display")]
+Documents = Annotated[
+    str,
+    typer.Option(
+        help="documents the interventions average over: all (the paper's way) | key-dependent "
+        "(leave out those answerable without the key: ATR answers that are the root's head)",
+    ),
+]
+
+
+def check_documents(documents: str) -> str:
+    if documents not in ("all", "key-dependent"):
+        raise ConfigError(f"--documents: expected all or key-dependent, got {documents!r}")
+    return documents
+
+
 GroupSize = Annotated[
     int | None,
     typer.Option(
@@ -181,6 +197,7 @@ def reproduce_command(
     device: Device = None,
     compile_: Compile = False,
     quiet: Quiet = False,
+    documents: Documents = "all",
 ) -> None:
     """Run a registered paper experiment: sweep, interventions, report; print its table.
 
@@ -204,7 +221,7 @@ def reproduce_command(
         backend,
         address,
         retry_failed,
-        experiment.plan,
+        replace(experiment.plan, documents=check_documents(documents)),
         quiet,
         group_size,
         runtime_overrides(device, compile_),

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from mecheval.cli import app
+from mecheval.cli.experiments import Documents, check_documents
 from mecheval.errors import ConfigError
 
 
@@ -23,6 +24,7 @@ def intervene_command(
     split: Annotated[str, typer.Option(help="dev | test")] = "test",
     n_docs: Annotated[int | None, typer.Option("-n", help="documents (default: the split)")] = None,
     metric: Annotated[str, typer.Option(help="likelihood | accuracy")] = "likelihood",
+    documents: Documents = "all",
 ) -> None:
     """Restore each (site, role) from the original into the key-corrupted document; print
     the Fig. 3-style table and the mechanism label; write interventions.csv into RUN_DIR."""
@@ -38,6 +40,7 @@ def intervene_command(
         raise ConfigError(f"--metric: expected likelihood or accuracy, got {metric!r}")
     if n_docs is not None and n_docs < 1:
         raise ConfigError(f"-n: expected >= 1, got {n_docs}")
+    check_documents(documents)
     cfg, model = load_run(run_dir)
     known = site_names(model)
     for site in sites or []:
@@ -51,11 +54,15 @@ def intervene_command(
         roles=tuple(roles) if roles else None,
         split=split,
         n_docs=n_docs,
+        documents=documents,
     )
     measured = intervene_run(run_dir, plan, loaded=(cfg, model))
     assert measured is not None  # skip_existing is off
     view = restore_view(measured.result.table, metric=metric)
-    typer.echo(f"{metric} of the true answer (%), {split} split:")
+    which = "" if documents == "all" else f" {documents}"
+    typer.echo(
+        f"{metric} of the true answer (%), {split} split, {measured.n_docs}{which} documents:"
+    )
     typer.echo(view.to_markdown())
     typer.echo(f"\nmechanism: {measured.label}")
     typer.echo(f"wrote {run_dir / INTERVENTIONS_FILE}")

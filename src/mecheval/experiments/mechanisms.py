@@ -12,17 +12,18 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
 import torch
 
+from mecheval.errors import ConfigError
 from mecheval.interventions import InterchangeResult, MechanismLabel, interchange, label_mechanism
 from mecheval.io import atomic_write_text
 from mecheval.models import LanguageModel
 from mecheval.models.sites import last_layer_input, parse_site
 from mecheval.schema import MEASUREMENT_COLUMNS
-from mecheval.tasks import Batch, build_datasets, corrupt
+from mecheval.tasks import Batch, build_datasets, corrupt, task_of
 from mecheval.training import load_run, read_status
 
 INTERVENTIONS_FILE = "interventions.csv"
@@ -42,14 +43,22 @@ class InterventionPlan:
     n_docs: int | None = None
     #: also record restores at the last layer's input at every evaluation (emergence.csv)
     during_training: bool = False
+    #: "all" (the paper's way) or "key-dependent": leave out the documents the task says a
+    #: model can answer without the key (``Task.key_free``; ATR: the answer is the root's
+    #: head), which corrupting the key cannot move, so the restores have range to be read
+    documents: Literal["all", "key-dependent"] = "all"
 
 
 def eval_batch(
-    task: Any, split: str, n_docs: int | None, cache_dir: Path | None = None
+    task: Any,
+    split: str,
+    n_docs: int | None,
+    cache_dir: Path | None = None,
+    documents: str = "all",
 ) -> tuple[Batch, Batch]:
-    """The first ``n_docs`` documents of ``split`` and their key-corrupted counterfactuals.
-    With the dataset cache training used (``cache_dir``), they are read from it, not built
-    again."""
+    """The first ``n_docs`` documents of ``split`` (of its key-dependent ones, with
+    ``documents="key-dependent"``) and their key-corrupted counterfactuals. With the dataset
+    cache training used (``cache_dir``), they are read from it, not built again."""
     if split not in ("dev", "test"):
         raise ValueError(f"split: expected dev or test, got {split!r}")
     if cache_dir is not None:
@@ -59,8 +68,17 @@ def eval_batch(
         # split leaves them byte-identical and saves building 100k documents.
         datasets = build_datasets(task.model_copy(update={"n_train": 0}))
     dataset = datasets[split]
-    n = len(dataset) if n_docs is None else min(n_docs, len(dataset))
-    original = dataset.batch(torch.arange(n))
+    chosen = torch.arange(len(dataset))
+    key_free = task_of(task).key_free
+    if documents == "key-dependent" and key_free is not None:
+        chosen = chosen[~key_free(task, dataset.batch(chosen))]
+        if not len(chosen):
+            raise ConfigError(
+                f"documents: none of the {len(dataset)} {split} documents needs its key"
+            )
+    elif documents not in ("all", "key-dependent"):
+        raise ValueError(f"documents: expected all or key-dependent, got {documents!r}")
+    original = dataset.batch(chosen[:n_docs])
     return original, corrupt(original, task, seed=task.seed + CORRUPTION_SEED_OFFSET)
 
 
@@ -78,16 +96,11 @@ def tidy_rows(table: pd.DataFrame, split: str, step: int) -> pd.DataFrame:
 
 
 def measure(
-    model: LanguageModel,
-    task: Any,
-    plan: InterventionPlan,
-    step: int,
-    pair: tuple[Batch, Batch] | None = None,
-    cache_dir: Path | None = None,
+    model: LanguageModel, plan: InterventionPlan, step: int, pair: tuple[Batch, Batch]
 ) -> tuple[pd.DataFrame, InterchangeResult]:
     """The plan's interventions on ``model`` at training ``step``, on ``pair`` (original,
-    corrupted) if given, else on the plan's documents."""
-    original, corrupted = pair or eval_batch(task, plan.split, plan.n_docs, cache_dir)
+    corrupted: :func:`eval_batch`)."""
+    original, corrupted = pair
     was_training = model.training
     model.eval()
     try:
@@ -103,6 +116,14 @@ def measure(
     return tidy_rows(result.table, plan.split, step), result
 
 
+def _measured_on(run_dir: Path) -> str | None:
+    """The ``documents`` choice the run's written interventions used (None: unreadable)."""
+    try:
+        return json.loads((run_dir / MECHANISM_FILE).read_text()).get("documents", "all")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 @dataclass(frozen=True)
 class RunMechanism:
     """What :func:`intervene_run` measured: the engine's result (its own table, for views),
@@ -111,6 +132,7 @@ class RunMechanism:
     result: InterchangeResult
     rows: pd.DataFrame
     label: MechanismLabel
+    n_docs: int  # the documents measured (after InterventionPlan.documents' choice)
 
 
 def intervene_run(
@@ -126,16 +148,22 @@ def intervene_run(
     run_dir = Path(run_dir)
     plan = plan or InterventionPlan()
     target = run_dir / INTERVENTIONS_FILE
-    if skip_existing and target.exists():
+    if skip_existing and target.exists() and _measured_on(run_dir) == plan.documents:
         return None
     cfg, model = load_run(run_dir) if loaded is None else loaded
     step = int((read_status(run_dir) or {}).get("step", 0))
-    rows, result = measure(model, cfg.task, plan, step, cache_dir=cache_dir)
+    pair = eval_batch(cfg.task, plan.split, plan.n_docs, cache_dir, plan.documents)
+    rows, result = measure(model, plan, step, pair)
     label = label_mechanism(result.table, n_layers=cfg.model.n_layers)
-    record = {**asdict(label), "range": label.range}
+    record = {
+        **asdict(label),
+        "range": label.range,
+        "documents": plan.documents,
+        "n_docs": len(pair[0]),
+    }
     atomic_write_text(run_dir / MECHANISM_FILE, json.dumps(record, indent=2) + "\n")
     atomic_write_text(target, rows.to_csv(index=False))
-    return RunMechanism(result, rows, label)
+    return RunMechanism(result, rows, label, len(pair[0]))
 
 
 class EmergenceCallback:
@@ -153,6 +181,7 @@ class EmergenceCallback:
         n_docs: int = 64,
         split: str = "dev",
         cache_dir: Path | None = None,
+        documents: Literal["all", "key-dependent"] = "all",
     ) -> None:
         self.task = task
         self.cache_dir = cache_dir
@@ -161,13 +190,16 @@ class EmergenceCallback:
             roles=("key", "value", "query"),
             split=split,
             n_docs=n_docs,
+            documents=documents,
         )
         self._pair: tuple[Batch, Batch] | None = None  # built at the first evaluation
 
     def __call__(self, step: int, model: LanguageModel, run_dir: Path) -> None:
         if self._pair is None:
-            self._pair = eval_batch(self.task, self.plan.split, self.plan.n_docs, self.cache_dir)
-        rows, _ = measure(model, self.task, self.plan, step, self._pair)
+            self._pair = eval_batch(
+                self.task, self.plan.split, self.plan.n_docs, self.cache_dir, self.plan.documents
+            )
+        rows, _ = measure(model, self.plan, step, self._pair)
         path = Path(run_dir) / EMERGENCE_FILE
         if path.exists():
             previous = pd.read_csv(path, keep_default_na=False)

@@ -130,7 +130,12 @@ def _execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
         from mecheval.experiments.mechanisms import EmergenceCallback
 
         callbacks.append(
-            EmergenceCallback(cfgs[0].task, cfgs[0].model.n_layers, cache_dir=cache_dir)
+            EmergenceCallback(
+                cfgs[0].task,
+                cfgs[0].model.n_layers,
+                cache_dir=cache_dir,
+                documents=first.plan.documents,
+            )
         )
 
     def reporter_for(members: Sequence[RunConfig]) -> QueueReporter:

@@ -44,6 +44,7 @@ from mecheval.tasks.base import (
     check_split,
     numpy_rng,
 )
+from mecheval.tasks.batch import Batch
 from mecheval.tasks.no_context import edge_distribution, no_context_accuracy, optimal_guess
 from mecheval.tasks.pcfg import Grammar, Tree, Uniforms, build_grammar, sample_tree
 from mecheval.tasks.vocab import BOS, DIV, N_SPECIAL
@@ -372,6 +373,15 @@ def tree_stats(ds: TaskDataset) -> dict[str, torch.Tensor]:
     return out
 
 
+def root_head_answers(cfg: ATRConfig, batch: Batch) -> torch.Tensor:
+    """Documents whose answer is the root's head: the last yield symbol (the first, in a
+    left-headed grammar). Half of the paper's parent queries are such, and a model answers
+    them from the document's end without finding the key, so corrupting the key leaves them
+    answered (``task stats``: "answer is the last yield symbol")."""
+    root = batch.roles["divider"] - 1 if cfg.head == "right" else torch.ones_like(batch.answer)
+    return batch.roles["value"] == root
+
+
 #: Training batches sampled by :func:`typical_length`.
 TYPICAL_BATCHES = 16
 
@@ -423,4 +433,5 @@ TASK = Task(
     describe=describe,
     stats=tree_stats,
     typical_length=typical_length,
+    key_free=root_head_answers,
 )

@@ -123,3 +123,7 @@ class Task:
     #: take n queries, and (batch, n, generator) -> (tokens, positions, answers)
     check_train_queries: Callable[[Any, int], int] | None = None
     extend_queries: Callable[[Batch, int, torch.Generator], tuple] | None = None
+    #: (cfg, batch) -> bool [B]: documents a model can answer without reading the key (ATR:
+    #: the answer is the root's head), which interventions can leave out
+    #: (``InterventionPlan.documents``); None: every document needs its key
+    key_free: Callable[[Any, Batch], torch.Tensor] | None = None

@@ -101,14 +101,15 @@ class LanguageModel(nn.Module):
         super().__init__()
         if config.vocab_size is None:
             raise ConfigError("model.vocab_size: must be set (normally filled in from the task)")
-        if config.position_embedding and config.max_len is None:
-            raise ConfigError("model.max_len: must be set when position_embedding is on")
         arch = get_architecture(config.architecture)
+        positions = uses_position_embedding(config)
+        if positions and config.max_len is None:
+            raise ConfigError("model.max_len: must be set when position_embedding is on")
         options = parse_options(config.architecture, config.mixer)
         self.config = config
         d = config.d_model
         self.embedding = nn.Embedding(config.vocab_size, d)
-        self.position = nn.Embedding(config.max_len, d) if config.position_embedding else None
+        self.position = nn.Embedding(config.max_len, d) if positions else None
         try:
             mixers = [arch.build(i, d, options) for i in range(config.n_layers)]
         except ValueError as err:
@@ -166,6 +167,13 @@ class LanguageModel(nn.Module):
         for layer in self.layers:
             x = layer(x)
         return self.head(x, at)
+
+
+def uses_position_embedding(config: ModelConfig) -> bool:
+    """``model.position_embedding``, or where unset its architecture's default."""
+    if config.position_embedding is not None:
+        return config.position_embedding
+    return get_architecture(config.architecture).position_embedding
 
 
 def build_model(config: ModelConfig) -> LanguageModel:

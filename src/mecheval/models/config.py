@@ -17,7 +17,11 @@ class ModelConfig(BaseModel):
     max_len: int | None = Field(
         None, ge=1, description="position-embedding length; filled in from the task when unset"
     )
-    position_embedding: bool = Field(True, description="learned absolute positions (paper: on)")
+    position_embedding: bool | None = Field(
+        None,
+        description="learned absolute positions; unset: the architecture's default (the "
+        "paper's figures: on for attention only, as in zoology; App. D.1)",
+    )
     init_std: float = Field(0.02, gt=0.0)
     mixer: dict[str, Any] = Field(
         default_factory=dict,

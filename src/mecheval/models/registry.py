@@ -53,6 +53,11 @@ class Architecture:
     #: weight init of the whole model: "zoology" (GPT-2 style, every Linear N(0, init_std)) or
     #: "mamba" (mamba_ssm's: PyTorch's default Linear init); see models/backbone.py.
     init: Literal["zoology", "mamba"] = "zoology"
+    #: learned absolute positions unless ``model.position_embedding`` says otherwise. The
+    #: paper's figures train attention with them and every other mixer without (tinylang's
+    #: ar_32 / pcfg_easy for attention, ar_32_nope / pcfg_easy_nope for the rest; App. D.1:
+    #: "in the zoology codebase, only Attention is meant to be trained this way")
+    position_embedding: bool = False
 
     @property
     def display(self) -> str:
@@ -91,6 +96,7 @@ def architecture(
     label: str = "",
     mlp: bool = True,
     norm: Literal["layer", "rms"] = "layer",
+    position_embedding: bool = False,
 ) -> Callable[[Buildable], Buildable]:
     """Register a mixer under ``name``: decorate a :class:`Mixer` subclass built as
     ``cls(d_model, options)``, or a builder ``(layer, d_model, options) -> Mixer`` for an
@@ -109,7 +115,16 @@ def architecture(
             raise TypeError(f"architecture {name!r}: expected a Mixer subclass or a builder")
         doc = (target.__doc__ or "").strip().split("\n")[0]
         register(
-            Architecture(name, options, build, description or doc, label=label, mlp=mlp, norm=norm)
+            Architecture(
+                name,
+                options,
+                build,
+                description or doc,
+                label=label,
+                mlp=mlp,
+                norm=norm,
+                position_embedding=position_embedding,
+            )
         )
         return target
 
@@ -289,6 +304,7 @@ register(
         options=AttentionOptions,
         build=lambda layer, d, opts: Attention(d, opts),
         description="causal softmax attention (Transformer)",
+        position_embedding=True,
     )
 )
 

@@ -108,24 +108,33 @@ def standard(df: pd.DataFrame, keep: Iterable[str] = ()) -> pd.DataFrame:
         if column in info.columns and column not in keep:
             mask &= _is(info[column], test)
     arch = info[ARCH].astype(str)
-    prefer: dict[str, tuple[Callable[[Any], bool], set[str] | None]] = {
-        N_LAYERS: (lambda v: _na(v) or int(v) == 2, None),
-        PE: (lambda v: _na(v) or bool(v), None),
-        D_CONV: (lambda v: not _na(v) and float(v) == 4.0, {"mamba"}),
-        LONG_CONV: (lambda v: _na(v) or not bool(v), {"based"}),
+    # Each test sees (value, architecture): the paper's figures train attention with position
+    # embeddings and the other mixers without (the registry's default per architecture).
+    prefer: dict[str, tuple[Callable[[Any, str], bool], set[str] | None]] = {
+        N_LAYERS: (lambda v, a: _na(v) or int(v) == 2, None),
+        PE: (lambda v, a: bool(v) == default_position_embedding(a) if not _na(v) else True, None),
+        D_CONV: (lambda v, a: not _na(v) and float(v) == 4.0, {"mamba"}),
+        LONG_CONV: (lambda v, a: _na(v) or not bool(v), {"based"}),
     }
     for column, (test, archs) in prefer.items():
         if column not in info.columns or column in keep:
             continue
-        ok = _is(info[column], test)
         # Per architecture: prefer the default where it was trained, else keep what there is.
         for name in arch.unique():
             if archs is not None and name not in archs:
                 continue
+            ok = _is(info[column], lambda v, name=name, test=test: test(v, name))
             here = (arch == name) & mask
             if (here & ok).any():
                 mask &= ~here | ok
     return _runs_where(df, mask)
+
+
+def default_position_embedding(architecture: str) -> bool:
+    """The architecture's default (an unknown one: on, as runs before the default was per
+    architecture were trained)."""
+    known = ARCHITECTURES.get(architecture)
+    return True if known is None else known.position_embedding
 
 
 def distinct(df: pd.DataFrame, column: str) -> list[Any]:

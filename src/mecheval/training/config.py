@@ -19,6 +19,7 @@ from pydantic_core import PydanticCustomError
 
 from mecheval.errors import ConfigError, validate
 from mecheval.models import ModelConfig, build_model
+from mecheval.models.backbone import uses_position_embedding
 from mecheval.models.mixers.base import Mixer
 from mecheval.tasks import TASKS, TaskConfig, get_task, max_length, vocab_size
 from mecheval.training.precision import Precision
@@ -189,6 +190,7 @@ def resolve(cfg: RunConfig) -> RunConfig:
         update={
             "vocab_size": model.vocab_size if model.vocab_size is not None else vocab,
             "max_len": model.max_len if model.max_len is not None else length,
+            "position_embedding": uses_position_embedding(model),
         }
     )
     check_buildable(model, length)

@@ -163,6 +163,14 @@ MUTANTS = [
         ("tests/test_fidelity.py",),
     ),
     Mutant(
+        "positions-for-all",
+        "every architecture gets position embeddings by default (the paper's runs: attention)",
+        "src/mecheval/models/registry.py",
+        "    position_embedding: bool = False\n",
+        "    position_embedding: bool = True\n",
+        ("tests/test_fidelity.py",),
+    ),
+    Mutant(
         "deltanet-beta-one",
         "DeltaNet's write strength beta is always 1",
         "src/mecheval/models/mixers/deltanet.py",

@@ -71,7 +71,8 @@ def _restore(df: pd.DataFrame, kind: str, title: str) -> Heatmaps:
     rel = standard(of_kind(df, kind))
     if rel.empty or not has_site(rel, RESTORE_SITE):
         raise NoData(
-            f"no {kind.upper()} runs with interventions at {RESTORE_SITE} in this results table"
+            f"no {kind.upper()} runs with interventions at {describe_site(RESTORE_SITE)} in "
+            "this results table"
         )
     return Heatmaps(title, [by_arch([(rel, restore_measures())])], rel)
 

@@ -28,6 +28,7 @@ from mecheval.models.registry import plugin_paths
 from mecheval.training.config import RunConfig, config_from_data, resolve
 from mecheval.training.folder import STATUS_FILE, is_finished, read_status
 from mecheval.training.presets import preset
+from mecheval.training.reporter import print_warning
 from mecheval.training.run import Terminated, raise_interrupt, stop_on_sigterm
 
 BACKENDS = ("local", "ray")
@@ -217,8 +218,6 @@ class QueueReporter:
         pass
 
     def warn(self, text: str) -> None:
-        from mecheval.training.reporter import print_warning
-
         print_warning(text)  # a worker's stderr is the sweep's
 
     def stop(self) -> None:

@@ -156,16 +156,9 @@ class RunFolder:
             remove_checkpoint(self.checkpoint_dir)
         return status
 
-    def diverged(
-        self,
-        reason: str,
-        *,
-        step: int,
-        wall_time: float,
-        metrics: Mapping[str, Any],
-        **notes: Any,
-    ) -> dict[str, Any]:
-        """Mark the run failed for good (``reason`` starts with "diverged")."""
+    def failed(self, reason: str, *, step: int, wall_time: float, **notes: Any) -> dict[str, Any]:
+        """Mark the run failed: for good when ``reason`` starts with "diverged" (its metrics in
+        ``notes``), resumable from its last checkpoint when it starts with "crashed"."""
         return write_status(
             self.path,
             state="failed",
@@ -173,20 +166,7 @@ class RunFolder:
             step=step,
             total_steps=self.total,
             wall_time=wall_time,
-            metrics=metrics,
             **notes,
-        )
-
-    def crashed(self, reason: str, *, step: int, wall_time: float) -> dict[str, Any]:
-        """Mark the run failed by something outside its config (``reason`` starts with
-        "crashed"): a later call resumes it from its last checkpoint."""
-        return write_status(
-            self.path,
-            state="failed",
-            reason=reason,
-            step=step,
-            total_steps=self.total,
-            wall_time=wall_time,
         )
 
 

@@ -451,7 +451,7 @@ def _train_members(
 
     def diverged(k: int) -> dict[str, Any]:
         member, err = group.members[k], group.failed[k]
-        return folders[k].diverged(
+        return folders[k].failed(
             err.reason,
             step=err.step,
             wall_time=member.wall_time(start),
@@ -465,7 +465,7 @@ def _train_members(
         reason = crash_reason(err)
         for k in group.live:
             member = group.members[k]
-            folders[k].crashed(reason, step=member.step, wall_time=member.wall_time(start))
+            folders[k].failed(reason, step=member.step, wall_time=member.wall_time(start))
         for k in group.failed:
             diverged(k)
         raise

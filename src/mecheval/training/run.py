@@ -123,7 +123,7 @@ def train(
             )
         except Diverged as err:
             assert trainer is not None
-            return folder.diverged(
+            return folder.failed(
                 err.reason,
                 step=err.step,
                 wall_time=trainer.wall_time(start),
@@ -132,7 +132,7 @@ def train(
             )
         except BaseException as err:
             # Not a property of the config: a later call resumes from the last checkpoint.
-            folder.crashed(
+            folder.failed(
                 crash_reason(err),
                 step=trainer.step if trainer is not None else 0,
                 wall_time=trainer.wall_time(start)

@@ -13,11 +13,22 @@ class ConfigError(ValueError):
     """Bad user input. Its message is one line that names the field and what was expected."""
 
 
+class DamagedFile(ConfigError):
+    """A file mecheval wrote that cannot be read back (truncated, garbage, another format).
+    Its message names the file."""
+
+
+def first_line(err: BaseException) -> str:
+    """An exception's message cut to its first line (its type where it has none)."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
 def describe(err: ValidationError, prefix: str = "") -> str:
     first = err.errors()[0]
     loc = ".".join(str(part) for part in first["loc"] if part != "__root__")
     field = ".".join(p for p in (prefix, loc) if p) or prefix or "config"
-    msg = first["msg"]
+    # pydantic prefixes the message of a ValueError raised in a validator; it says nothing.
+    msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         msg = "unknown field"
     elif "input" in first and first["type"] not in ("missing",):

@@ -3,6 +3,7 @@ registered paper experiments end to end (train, intervene, report)."""
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from dataclasses import replace
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from mecheval.cli import app
+from mecheval.cli import app, check_out
 from mecheval.cli.progress import SweepDisplay
 from mecheval.errors import ConfigError
 
@@ -74,22 +75,32 @@ def runtime_overrides(device: str | None, compile_: bool) -> dict[str, object]:
 def _run(spec, out, workers, backend, address, retry_failed, plan, quiet, group_size, runtime):
     from mecheval.experiments.runners import plan_runs, run_sweep
 
+    check_out(out)
     spec = spec.model_copy(update={"set": {**spec.set, **runtime}})
     n_runs = len(plan_runs(spec))
     start = time.perf_counter()
-    with SweepDisplay(n_runs, enabled=not quiet and sys.stderr.isatty()) as display:
-        outcomes = run_sweep(
-            spec,
-            out,
-            workers=workers,
-            backend=backend,
-            address=address,
-            plan=plan,
-            retry_failed=retry_failed,
-            cache_dir=out / ".cache",
-            on_progress=display.update,
-            group_size=group_size,
+    try:
+        with SweepDisplay(n_runs, enabled=not quiet and sys.stderr.isatty()) as display:
+            outcomes = run_sweep(
+                spec,
+                out,
+                workers=workers,
+                backend=backend,
+                address=address,
+                plan=plan,
+                retry_failed=retry_failed,
+                cache_dir=out / ".cache",
+                on_progress=display.update,
+                group_size=group_size,
+            )
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (Terminated): every worker stopped
+        stopped = interrupted_runs(out / spec.name)
+        print(
+            f"interrupted: {out / spec.name}: {', '.join(stopped) or 'no run had started'}; "
+            "run the same command again to resume",
+            file=sys.stderr,
         )
+        raise typer.Exit(128 + getattr(err, "signum", signal.SIGINT)) from None
     failed = [o for o in outcomes if o.state != "done"]
     typer.echo(
         f"{spec.name}: {len(outcomes) - len(failed)} done "
@@ -99,6 +110,19 @@ def _run(spec, out, workers, backend, address, retry_failed, plan, quiet, group_
     for o in failed:
         typer.echo(f"  failed {o.name}: {o.reason}")
     return outcomes
+
+
+def interrupted_runs(sweep_dir: Path) -> list[str]:
+    """The runs of ``sweep_dir`` whose status says an interrupt stopped them."""
+    from mecheval.training.folder import peek_status
+
+    if not sweep_dir.is_dir():
+        return []
+    return [
+        run.name
+        for run in sorted(sweep_dir.iterdir())
+        if str((peek_status(run) or {}).get("reason", "")).startswith("crashed: interrupted")
+    ]
 
 
 @app.command("sweep")
@@ -214,7 +238,7 @@ def reproduce_command(
             typer.echo(f"{e.name:<18} {e.description}  [figures: {', '.join(e.figures)}]")
         return
     experiment, spec = reproduce_spec(name, preset, archs, widths, lrs, seeds)
-    _run(
+    outcomes = _run(
         spec,
         out,
         workers,
@@ -227,6 +251,8 @@ def reproduce_command(
         runtime_overrides(device, compile_),
     )
     _report(out / spec.name, experiment.figures)
+    if any(o.state != "done" for o in outcomes):
+        raise typer.Exit(1)  # after the report, which shows what the finished runs measured
 
 
 def parse_values(flag: str, text: str | None, kind: type) -> list | None:
@@ -256,7 +282,13 @@ def reproduce_spec(
     from mecheval.experiments.catalog import get_experiment
 
     experiment = get_experiment(name)
-    chosen = [a.strip() for a in archs.split(",") if a.strip()] if archs is not None else None
+    chosen = None
+    if archs is not None:
+        chosen = [a.strip() for a in archs.split(",") if a.strip()]
+        if not chosen:
+            raise ConfigError(
+                f"--archs: expected comma-separated architecture names, got {archs!r}"
+            )
     spec = experiment.sweep(
         preset,
         chosen,

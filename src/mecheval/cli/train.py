@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from mecheval.cli import app
+from mecheval.cli import app, check_out
 from mecheval.errors import ConfigError, validate
 
 
@@ -56,7 +56,7 @@ def train_command(
     """
     from mecheval.cli.progress import run_reporter
     from mecheval.training import config as run_config
-    from mecheval.training.folder import is_finished, read_status
+    from mecheval.training.folder import is_finished, peek_status
     from mecheval.training.presets import preset as preset_data
     from mecheval.training.run import Terminated, stop_on_sigterm, train
 
@@ -78,8 +78,8 @@ def train_command(
         sys.stdout.write(run_config.dump_yaml(cfg))
         return
     assert cfg.name is not None
-    run_dir = out / cfg.name
-    skipped = is_finished(read_status(run_dir))
+    run_dir = check_out(out) / cfg.name
+    skipped = is_finished(peek_status(run_dir))
     callbacks = []
     if track_mechanism:
         # The CLI wires a higher stage into training; training itself never imports it.
@@ -96,7 +96,7 @@ def train_command(
                 reporter=run_reporter(cfg.name, quiet),
             )
     except KeyboardInterrupt as err:
-        step = (read_status(run_dir) or {}).get("step", 0)
+        step = (peek_status(run_dir) or {}).get("step", 0)
         print(f"interrupted: {run_dir} at step {step}; run again to resume", file=sys.stderr)
         raise typer.Exit(128 + err.signum if isinstance(err, Terminated) else 130) from None
     metrics = status.get("metrics") or {}

@@ -107,9 +107,11 @@ def expand(spec: SweepSpec) -> list[RunSpec]:
     keys = list(spec.grid)
     runs: list[RunSpec] = []
     seen: set[str] = set()
+    architectures: set[str] = set()
     for values in itertools.product(*(spec.grid[k] for k in keys)):
         overrides = dict(zip(keys, values, strict=True))
         arch = overrides.get("model.architecture", spec.base.get("model", {}).get("architecture"))
+        architectures.add(str(arch))
         extra = spec.per_architecture.get(str(arch), {}) if arch is not None else {}
         merged = {**spec.set, **extra, **overrides}
         name = "-".join(name_part(k, v) for k, v in overrides.items()) or spec.name
@@ -117,13 +119,22 @@ def expand(spec: SweepSpec) -> list[RunSpec]:
             raise ConfigError(f"grid: two runs would both be named {name!r}")
         seen.add(name)
         runs.append(RunSpec(name=name, overrides=merged))
+    for arch in spec.per_architecture:
+        if arch not in architectures:
+            # A misspelt name would otherwise leave its runs without their overrides.
+            raise ConfigError(
+                f"sweep.per_architecture.{arch}: no run of this sweep has that architecture "
+                f"(its runs: {', '.join(sorted(architectures - {'None'})) or 'none named'})"
+            )
     return runs
 
 
 def load_sweep(path: str | Path) -> SweepSpec:
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (expected a YAML sweep spec)") from None
     except OSError as err:
         raise ConfigError(f"{path}: cannot read sweep spec ({err.strerror})") from None
     except yaml.YAMLError as err:

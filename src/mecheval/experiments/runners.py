@@ -14,6 +14,8 @@ import multiprocessing
 import os
 import queue
 import signal
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import suppress
@@ -26,7 +28,7 @@ from mecheval.experiments.grid import RunSpec, SweepSpec, expand
 from mecheval.experiments.mechanisms import InterventionPlan
 from mecheval.models.registry import plugin_paths
 from mecheval.training.config import RunConfig, config_from_data, resolve
-from mecheval.training.folder import STATUS_FILE, is_finished, read_status
+from mecheval.training.folder import STATUS_FILE, is_finished, peek_status
 from mecheval.training.presets import preset
 from mecheval.training.reporter import print_warning
 from mecheval.training.run import Terminated, raise_interrupt, stop_on_sigterm
@@ -70,6 +72,8 @@ def base_data(spec: SweepSpec, architecture: str | None) -> dict[str, Any]:
         raise ConfigError("sweep.base.task: with a preset, expected a task kind (ar or atr)")
     data = preset(name, task, architecture or "attention")
     for section, values in base.items():
+        if section not in RunConfig.model_fields:
+            raise ConfigError(f"sweep.base.{section}: unknown field")
         if not isinstance(values, dict):
             raise ConfigError(f"sweep.base.{section}: expected a mapping")
         data.setdefault(section, {}).update(values)
@@ -80,9 +84,12 @@ def plan_runs(spec: SweepSpec) -> list[tuple[RunSpec, RunConfig]]:
     planned = []
     for run in expand(spec):
         architecture = run.overrides.get("model.architecture")
-        data = base_data(spec, architecture)
-        cfg = config_from_data(data, [*run.override_args(), f"name={run.name}"])
-        resolve(cfg)  # every run's config error now, before any run folder is prepared
+        try:
+            data = base_data(spec, architecture)
+            cfg = config_from_data(data, [*run.override_args(), f"name={run.name}"])
+            resolve(cfg)  # every run's config error now, before any run folder is prepared
+        except ConfigError as err:
+            raise ConfigError(f"sweep run {run.name}: {err}") from None
         planned.append((run, cfg))
     return planned
 
@@ -124,7 +131,7 @@ def _execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
         use_plugins(first.plugins)
     cfgs = [RunConfig.model_validate(job.config) for job in jobs]
     run_dirs = [Path(job.run_dir) for job in jobs]
-    already = [read_status(run_dir) for run_dir in run_dirs]
+    already = [peek_status(run_dir) for run_dir in run_dirs]
     cache_dir = Path(first.cache_dir) if first.cache_dir else None
     callbacks = []
     if first.plan is not None and first.plan.during_training:
@@ -166,7 +173,7 @@ def _execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
         # from starting, whose folders it left untouched, are independent of it and train
         # alone, each failing only on its own account.
         for i, (run_dir, before) in enumerate(zip(run_dirs, already, strict=True)):
-            if not is_finished(before) and read_status(run_dir) == before:
+            if not is_finished(before) and peek_status(run_dir) == before:
                 crashes[i] = train_some([i])
     return [
         _finish(job, run_dir, before, crash)
@@ -176,7 +183,7 @@ def _execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
 
 def _finish(job: Job, run_dir: Path, before: Mapping[str, Any] | None, crash: str) -> Outcome:
     """A trained run's outcome, after its interventions when it is done."""
-    status = read_status(run_dir) or {}
+    status = peek_status(run_dir) or {}
     if crash and not is_finished(status):
         # The run's own reason where this attempt recorded one (the crash may be another's).
         own = status.get("state") == "failed" and status != (before or {})
@@ -225,7 +232,7 @@ class QueueReporter:
 
 
 def prepare(run_dir: Path, retry_failed: bool) -> None:
-    status = read_status(run_dir)
+    status = peek_status(run_dir)
     if retry_failed and status is not None and status.get("state") == "failed":
         (run_dir / STATUS_FILE).unlink()
 
@@ -261,7 +268,6 @@ def make_jobs(
 def step_seconds(cfg: RunConfig) -> float:
     """One training step of ``cfg``'s model at its batch shape (a typical batch's padded
     length, not the longest document), timed on one thread."""
-    import time
 
     import torch
 
@@ -292,7 +298,7 @@ def estimated_seconds(jobs: Sequence[Job]) -> dict[str, float]:
     per_shape: dict[str, float] = {}
     costs = {}
     for job in jobs:
-        if is_finished(read_status(Path(job.run_dir))):
+        if is_finished(peek_status(Path(job.run_dir))):
             costs[job.name] = 0.0
             continue
         try:
@@ -375,22 +381,28 @@ def run_local(
     # spawn, not fork: forking a process whose torch thread pool is running can deadlock.
     context = multiprocessing.get_context("spawn")
     ordered = longest_first(groups) if len(groups) > workers else groups
-    with stop_on_sigterm(), context.Manager() as manager:
-        sink = manager.Queue() if on_progress else None
-        with ProcessPoolExecutor(
-            max_workers=workers, mp_context=context, initializer=_init_worker
-        ) as pool:
-            try:
-                futures = [pool.submit(_execute_in_worker, group, sink) for group in ordered]
-                pending: set[Future] = set(futures)
-                while pending:
-                    _, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-                    _drain(sink, on_progress)
+    # A plain queue handed to the workers as they start (no manager process to outlive us).
+    sink = context.Queue() if on_progress else None
+    with (
+        stop_on_sigterm(),
+        ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=context,
+            initializer=_init_worker,
+            initargs=(os.getpid(), sink),
+        ) as pool,
+    ):
+        try:
+            futures = [pool.submit(_execute_in_worker, group) for group in ordered]
+            pending: set[Future] = set(futures)
+            while pending:
+                _, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
                 _drain(sink, on_progress)
-            except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (Terminated)
-                _stop_workers(pool, err)
-                raise
-            results = [_outcomes(f, group) for f, group in zip(futures, ordered, strict=True)]
+            _drain(sink, on_progress)
+        except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (Terminated)
+            _stop_workers(pool, err)
+            raise
+        results = [_outcomes(f, group) for f, group in zip(futures, ordered, strict=True)]
     return _in_job_order(jobs, ordered, results)
 
 
@@ -406,14 +418,40 @@ def _outcomes(future: Future, group: Sequence[Job]) -> list[Outcome]:
         return [Outcome(job.name, "failed", reason) for job in group]
 
 
-# In a local worker: the signal that asked it to stop, and whether it is running a job.
+# In a local worker: the signal that asked it to stop, whether it is running a job, whether
+# the sweep's process is gone, and where progress goes.
 _stop_signal: int | None = None
 _busy = False
+_orphaned = False
+_sink: Any = None
+
+#: How often a worker checks that the sweep's process is alive, and how long it gives its
+#: run to record "crashed: interrupted" once it is not.
+PARENT_POLL_S = 0.5
+ORPHAN_GRACE_S = 30.0
 
 
-def _init_worker() -> None:
+def _init_worker(parent: int, sink: Any = None) -> None:
+    global _sink
+    _sink = sink
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _on_stop_signal)
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+
+
+def _watch_parent(parent: int) -> None:
+    """End this worker when the sweep's process is gone (``kill -9`` of it alone): its run
+    records "crashed: interrupted (SIGTERM)" as on any stop and resumes with the next sweep,
+    instead of training on unseen, beside the rerun that trains the same folder."""
+    global _orphaned
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    _orphaned = True
+    if not _busy:
+        os._exit(1)
+    os.kill(os.getpid(), signal.SIGTERM)  # the same path as a stop from the sweep
+    time.sleep(ORPHAN_GRACE_S)
+    os._exit(1)  # a run that did not stop in time: its checkpoint still resumes it
 
 
 def _on_stop_signal(signum: int, frame: object) -> None:
@@ -427,15 +465,17 @@ def _on_stop_signal(signum: int, frame: object) -> None:
         raise_interrupt(signum)
 
 
-def _execute_in_worker(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
+def _execute_in_worker(jobs: Sequence[Job]) -> list[Outcome]:
     global _busy
     _busy = True
     try:
         if _stop_signal is not None:
             raise_interrupt(_stop_signal)
-        return execute_group(jobs, progress)
+        return execute_group(jobs, _sink)
     finally:
         _busy = False
+        if _orphaned:
+            os._exit(1)  # nobody is left to take the result; the run's status is written
 
 
 def _stop_workers(pool: ProcessPoolExecutor, err: KeyboardInterrupt) -> None:

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import yaml
 
-from mecheval.errors import ConfigError
+from mecheval.errors import ConfigError, DamagedFile, first_line
 from mecheval.io import atomic_write_bytes, atomic_write_text
 from mecheval.schema import MEASUREMENT_COLUMNS
 from mecheval.training.folder import STATUS_FILE, read_status
@@ -46,16 +47,48 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     """The run's status, "pending" before it started; never raises on a bad file."""
     try:
         return read_status(run_dir) or {"state": "pending"}
-    except (OSError, json.JSONDecodeError):
+    except DamagedFile:
         # Writes are atomic, so a broken file means someone else wrote it: say so, don't guess.
         return {"state": "unreadable", "reason": f"{run_dir / STATUS_FILE}: not valid JSON"}
+
+
+def read_table(path: Path, required: Sequence[str], **options: Any) -> pd.DataFrame:
+    """A CSV table a run wrote, holding the ``required`` columns; DamagedFile naming it
+    otherwise."""
+    try:
+        table = pd.read_csv(path, **options)
+    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        first = first_line(err)
+        raise DamagedFile(f"{path}: damaged, not a CSV table ({first})") from None
+    missing = [c for c in required if c not in table.columns]
+    if missing:
+        raise DamagedFile(f"{path}: damaged, no column {missing[0]!r}")
+    return table
+
+
+def read_config_data(run_dir: Path) -> dict[str, Any]:
+    """A run's config.yaml as a mapping ({} where there is none); DamagedFile otherwise."""
+    path = run_dir / "config.yaml"
+    if not path.exists():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise DamagedFile(f"{path}: damaged, not YAML ({type(err).__name__})") from None
+    if not isinstance(data, dict):
+        raise DamagedFile(f"{path}: damaged, expected a mapping")
+    return data
+
+
+#: The columns of metrics.csv (the Trainer's): the others are filled in here.
+BEHAVIOURAL_COLUMNS = ("step", "split", "metric", "value")
 
 
 def behavioural_rows(run_dir: Path) -> pd.DataFrame:
     path = run_dir / "metrics.csv"
     if not path.exists():
         return pd.DataFrame(columns=MEASUREMENT_COLUMNS)
-    table = pd.read_csv(path)
+    table = read_table(path, BEHAVIOURAL_COLUMNS)
     table["source"] = "behavioural"
     for column, default in (("condition", ""), ("site", ""), ("component", ""), ("io", "")):
         table[column] = default
@@ -68,7 +101,7 @@ def mechanistic_rows(run_dir: Path) -> pd.DataFrame:
     # interventions.csv: the full set after training; emergence.csv: the small set
     # recorded at every evaluation during training (both in the same schema).
     tables = [
-        pd.read_csv(path, keep_default_na=False)
+        read_table(path, MEASUREMENT_COLUMNS[1:], keep_default_na=False)
         for path in (run_dir / "interventions.csv", run_dir / "emergence.csv")
         if path.exists()
     ]
@@ -80,8 +113,7 @@ def mechanistic_rows(run_dir: Path) -> pd.DataFrame:
 
 
 def run_table(run_dir: Path) -> pd.DataFrame:
-    config_path = run_dir / "config.yaml"
-    config = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
+    config = read_config_data(run_dir)
     status = run_status(run_dir)
     measurements = pd.concat(
         [t for t in (behavioural_rows(run_dir), mechanistic_rows(run_dir)) if len(t)]
@@ -117,7 +149,7 @@ def mechanism_summary(experiment_dir: str | Path) -> pd.DataFrame:
     was read from (``mechanism.json``, likelihood in %), with the label."""
     rows = []
     for run_dir in run_dirs(Path(experiment_dir)):
-        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        config = read_config_data(run_dir)
         status = run_status(run_dir)
         dev = ((status.get("metrics") or {}).get("dev") or {}).get("accuracy")
         row: dict[str, Any] = {
@@ -128,7 +160,11 @@ def mechanism_summary(experiment_dir: str | Path) -> pd.DataFrame:
         }
         label_path = run_dir / "mechanism.json"
         if label_path.exists():
-            label = json.loads(label_path.read_text())
+            try:
+                label = json.loads(label_path.read_text(encoding="utf-8"))
+                row["site"] = label["site"]
+            except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+                raise DamagedFile(f"{label_path}: damaged ({type(err).__name__})") from None
             row["site"] = label["site"]
             row["original"] = round(100 * label["original"], 1)
             row["corrupted"] = round(100 * label["corrupted"], 1)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from mecheval.errors import ConfigError
+from mecheval.errors import ConfigError, first_line
 from mecheval.models.sites import LAST, layer_site
 from mecheval.schema import MEASUREMENT_COLUMNS
 
@@ -108,7 +108,7 @@ def load_table(path: str | Path) -> pd.DataFrame:
             table = pd.read_csv(path, low_memory=False)
     except unreadable as err:
         # A truncated or foreign file: say which, in one line, rather than a reader's traceback.
-        why = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        why = first_line(err)
         raise ConfigError(f"--table: {path} is not a readable results table ({why})") from None
     if "run" not in table.columns:
         raise ConfigError(f"--table: {path} has no 'run' column; is it a results table?")

@@ -26,6 +26,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
+from mecheval.errors import first_line
 from mecheval.io import atomic_save_safetensors, atomic_write_json, read_json
 
 FORMAT = 1
@@ -129,7 +130,7 @@ def read_checkpoint(
     try:
         meta = read_json(state_path)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CorruptCheckpoint(f"{state_path}: unreadable ({_first_line(err)})") from None
+        raise CorruptCheckpoint(f"{state_path}: unreadable ({first_line(err)})") from None
     if not isinstance(meta, dict):
         raise CorruptCheckpoint(f"{state_path}: expected a JSON object")
     if meta.get("format") != FORMAT:
@@ -146,7 +147,7 @@ def read_checkpoint(
     try:
         tensors = load_file(tensor_path)
     except (OSError, SafetensorError) as err:
-        raise CorruptCheckpoint(f"{tensor_path}: unreadable ({_first_line(err)})") from None
+        raise CorruptCheckpoint(f"{tensor_path}: unreadable ({first_line(err)})") from None
 
     expected = model.state_dict()
     saved = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
@@ -175,10 +176,6 @@ def read_checkpoint(
     if len(meta["param_groups"]) != len(optimizer.param_groups):
         raise CorruptCheckpoint(f"{state_path}: {len(meta['param_groups'])} param groups")
     return meta, tensors
-
-
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def load_checkpoint(

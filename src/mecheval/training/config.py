@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +24,9 @@ from mecheval.models.backbone import uses_position_embedding
 from mecheval.models.mixers.base import Mixer
 from mecheval.tasks import TASKS, TaskConfig, get_task, max_length, vocab_size
 from mecheval.training.precision import Precision
+
+#: A run folder's name: one path component inside ``--out`` (and not "." or "..").
+RUN_NAME = r"^[A-Za-z0-9._=+-]+$"
 
 #: Evaluations per run when ``eval_every`` is unset.
 DEFAULT_EVALS = 20
@@ -102,10 +106,19 @@ class TrainConfig(BaseModel):
 class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = Field(None, pattern=r"^[A-Za-z0-9._=+-]+$", description="run folder name")
+    name: str | None = Field(None, description="run folder name")
     task: SerializeAsAny[TaskConfig]  # any registered task's config, chosen by its kind
     model: ModelConfig = Field(default_factory=ModelConfig)
     training: TrainConfig = Field(default_factory=TrainConfig)
+
+    @field_validator("name")
+    @classmethod
+    def _inside_out(cls, name: str | None) -> str | None:
+        if name is not None and (name in (".", "..") or not re.fullmatch(RUN_NAME, name)):
+            raise ValueError(
+                "expected one folder name inside --out (letters, digits and . _ = + -)"
+            )
+        return name
 
     @field_validator("task", mode="wrap")
     @classmethod
@@ -145,6 +158,23 @@ def default_name(cfg: RunConfig) -> str:
     return f"{cfg.task.kind}-{m.architecture}-d{m.d_model}-L{m.n_layers}-lr{t.lr:g}-s{t.seed}"
 
 
+def check_finite(cfg: RunConfig) -> None:
+    """Raise ConfigError naming the first field that holds inf or nan (pydantic's bounds let
+    ``lr=inf`` through, and a plugin's mixer options may have no bounds at all)."""
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, float) and not math.isfinite(node):
+            raise ConfigError(f"{path}: expected a finite number (got {node})")
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{path}.{key}" if path else str(key))
+        elif isinstance(node, list | tuple):
+            for i, value in enumerate(node):
+                walk(value, f"{path}.{i}")
+
+    walk(cfg.model_dump(), "")  # python mode: JSON mode would turn inf into null
+
+
 def check_buildable(model: ModelConfig, length: int) -> None:
     """Build the model on the meta device (no memory, no arithmetic), so that an option its
     architecture cannot take with this shape (e.g. an H3 head_dim that does not divide d_model),
@@ -163,7 +193,9 @@ def check_buildable(model: ModelConfig, length: int) -> None:
 
 def resolve(cfg: RunConfig) -> RunConfig:
     """Fill every unset field that has a derived value, so the dumped config is explicit."""
-    if cfg.task.n_train < cfg.training.batch_size and cfg.training.steps is None:
+    check_finite(cfg)
+    # With explicit steps too: every step draws whole batches of the train set.
+    if cfg.task.n_train < cfg.training.batch_size:
         raise ConfigError(
             f"training.batch_size: {cfg.training.batch_size} exceeds task.n_train="
             f"{cfg.task.n_train}"
@@ -277,6 +309,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"{path}: cannot read ({err.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (expected a YAML run config)") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:

@@ -7,6 +7,7 @@
     metrics.csv           tidy behavioural metrics: step, split, metric, value (the Trainer's)
     status.json           {"state": "running" | "done" | "failed", "reason", "step", ...}
     checkpoint/           training state while the run is unfinished (see checkpoint.py)
+    .lock                 while a process trains the run: its PID (see :meth:`RunFolder.locked`)
 
 Life cycle (:class:`RunFolder`): prepared (config.yaml; a folder holding another config's run
 is refused) -> running -> done (weights saved, checkpoint removed), or failed with a reason:
@@ -14,20 +15,25 @@ is refused) -> running -> done (weights saved, checkpoint removed), or failed wi
 (resumable from the last checkpoint). Single runs (run.py) and stacked groups (group.py)
 both go through it, so their folders cannot drift apart.
 
-Every file is written atomically (mecheval.io).
+Every file is written atomically (mecheval.io); the temporary files a killed process leaves
+are removed when the run trains again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import json
+import os
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from mecheval.errors import ConfigError
+from mecheval.errors import ConfigError, DamagedFile, first_line
 from mecheval.io import atomic_save_safetensors, atomic_write_json, atomic_write_text, read_json
 from mecheval.models import LanguageModel, build_model
 from mecheval.training.checkpoint import remove_checkpoint
@@ -38,21 +44,52 @@ from mecheval.training.config import (
     load_config,
     total_steps,
 )
+from mecheval.training.reporter import print_warning
 
 CONFIG_FILE = "config.yaml"
 MODEL_FILE = "model.safetensors"
 METRICS_FILE = "metrics.csv"
 STATUS_FILE = "status.json"
 CHECKPOINT_DIR = "checkpoint"
+LOCK_FILE = ".lock"
+
+try:  # POSIX; elsewhere run folders are not locked
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
 
 #: Fields that may differ between the config a run was started with and the one it is resumed
 #: or skipped with: they change how fast, not what, it computes (``precision`` is not one).
 _RUNTIME_FIELDS = ("threads", "device", "compile", "kernels")
 
 
+class RunLocked(ConfigError):
+    """Another process is training this run folder."""
+
+
 def read_status(run_dir: Path) -> dict[str, Any] | None:
+    """The run's status, None before it has one. Raises :class:`DamagedFile` for a
+    ``status.json`` that is not a JSON object (see :meth:`RunFolder.status` for training,
+    which trains such a run again)."""
     path = Path(run_dir) / STATUS_FILE
-    return read_json(path) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        status = read_json(path)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DamagedFile(f"{path}: damaged, not JSON ({type(err).__name__})") from None
+    if not isinstance(status, dict) or not isinstance(status.get("state"), str):
+        raise DamagedFile(f"{path}: damaged, expected a JSON object with a state")
+    return status
+
+
+def peek_status(run_dir: Path) -> dict[str, Any] | None:
+    """:func:`read_status` for deciding what to do with a run: a damaged status reads as none
+    (the run trains again, and :meth:`RunFolder.status` says so when it does)."""
+    try:
+        return read_status(run_dir)
+    except DamagedFile:
+        return None
 
 
 def is_finished(status: Mapping[str, Any] | None) -> bool:
@@ -110,23 +147,86 @@ class RunFolder:
         return self.path / CHECKPOINT_DIR
 
     def status(self) -> dict[str, Any] | None:
-        return read_status(self.path)
+        """As :func:`read_status`, but a damaged ``status.json`` reads as no status (the run
+        then resumes from its checkpoint or trains again, which ends as the run did:
+        training is deterministic), with a warning naming the file."""
+        try:
+            return read_status(self.path)
+        except DamagedFile as err:
+            print_warning(f"{err}; training the run again (from its checkpoint if it has one)")
+            return None
 
     def check(self) -> dict[str, Any] | None:
         """The status of a finished run of this config (nothing to do), or None: the run is
         to train or resume. Raises ConfigError where the folder holds another config's run."""
-        check_same_config(self.path, self.cfg)
+        try:
+            check_same_config(self.path, self.cfg)
+        except ConfigError:
+            if not self.never_trained():
+                raise
+            # Left by an attempt that failed before its first step (its data could not be
+            # built, say): nothing of it is worth keeping, so it must not block the fix.
+            print_warning(f"{self.path}: replacing the config of a run that never trained")
+            for name in (STATUS_FILE, METRICS_FILE, "emergence.csv"):
+                (self.path / name).unlink(missing_ok=True)
         status = self.status()
         return status if is_finished(status) else None
 
+    def never_trained(self) -> bool:
+        """No weights, no checkpoint, and no step taken (the folder of a failed start)."""
+        if (self.path / MODEL_FILE).exists() or self.checkpoint_dir.exists():
+            return False
+        return int((peek_status(self.path) or {}).get("step", 0)) == 0
+
     def prepare(self) -> dict[str, Any] | None:
-        """:meth:`check`; where there is a run to train, create the folder and write
-        ``config.yaml`` (the config it is about to train)."""
+        """:meth:`check`; where there is a run to train, create the folder, remove the
+        temporary files a killed writer left, and write ``config.yaml`` (the config it is
+        about to train). Call it holding :meth:`locked`."""
         status = self.check()
         if status is None:
             self.path.mkdir(parents=True, exist_ok=True)
+            for folder in (self.path, self.checkpoint_dir):
+                for stray in folder.glob(".*.tmp"):
+                    stray.unlink(missing_ok=True)
             atomic_write_text(self.path / CONFIG_FILE, dump_yaml(self.cfg))
         return status
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the run folder for this process: another process that tries to train it
+        meanwhile gets :class:`RunLocked` naming this one's PID. The lock is the kernel's
+        (flock), so a killed holder releases it; its ``.lock`` file is removed on release."""
+        if fcntl is None:  # pragma: no cover
+            yield
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        path = self.path / LOCK_FILE
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise RunLocked(
+                    f"{self.path}: being trained by process {holder}; wait for it to finish "
+                    "or stop it"
+                ) from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:  # the holder before us removed it as we opened it
+                same = False
+            if same:
+                break
+            os.close(fd)
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            yield
+        finally:
+            # Unlinked before it is unlocked: a process that opened the old file retries.
+            path.unlink(missing_ok=True)
+            os.close(fd)
 
     def running(self, **notes: Any) -> dict[str, Any]:
         return write_status(self.path, state="running", step=0, total_steps=self.total, **notes)
@@ -182,5 +282,30 @@ def load_run(
         raise ConfigError(f"{run_dir}: the run has no {MODEL_FILE} yet (not finished?)")
     cfg = load_config(config_path)
     model = build_model(cfg.model)
-    model.load_state_dict(load_file(model_path, device=str(device)))
+    try:
+        weights = load_file(model_path, device=str(device))
+    except (OSError, SafetensorError) as err:
+        first = first_line(err)
+        raise DamagedFile(f"{model_path}: damaged, not a safetensors file ({first})") from None
+    mismatch = _weights_mismatch(model.state_dict(), weights)
+    if mismatch:
+        raise DamagedFile(f"{model_path}: does not match {config_path} ({mismatch})")
+    model.load_state_dict(weights)
     return cfg, model.to(device).eval()
+
+
+def _weights_mismatch(
+    expected: Mapping[str, torch.Tensor], saved: Mapping[str, torch.Tensor]
+) -> str | None:
+    """The first difference between a model's state dict and saved weights, in words."""
+    missing = sorted(expected.keys() - saved.keys())
+    if missing:
+        return f"no tensor {missing[0]}"
+    extra = sorted(saved.keys() - expected.keys())
+    if extra:
+        return f"unexpected tensor {extra[0]}"
+    for key, value in saved.items():
+        if value.shape != expected[key].shape:
+            want = tuple(expected[key].shape)
+            return f"{key} is {tuple(value.shape)}, the config's model has {want}"
+    return None

@@ -61,9 +61,9 @@ win is where small models leave a device idle (a GPU, many cores).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
-import math
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -89,7 +89,7 @@ from mecheval.training.stacked import (
     pad_stack,
 )
 from mecheval.training.threads import torch_threads
-from mecheval.training.trainer import Callback, Diverged, Trainer
+from mecheval.training.trainer import Callback, Diverged, Trainer, divergence
 
 #: Training fields that may differ within a group: each member gets its own value.
 PER_RUN_FIELDS = ("lr", "seed", "weight_decay", "grad_clip", "keep_checkpoint")
@@ -317,15 +317,13 @@ class GroupTrainer:
         batches = [self.members[k].batch_at(step) for k in self.live]
         grads, losses = self.grads_and_losses(self.params, self.buffers, batches, step)
         values = losses.tolist()
-        bad = [j for j, v in enumerate(values) if not math.isfinite(v)]
+        stops = [
+            divergence(v, step + 1, self.members[k].ceiling)
+            for v, k in zip(values, self.live, strict=True)
+        ]
+        bad = [j for j, stop in enumerate(stops) if stop is not None]
         if bad:
-            self.fail(
-                bad,
-                [
-                    Diverged(step + 1, f"diverged: training loss is {values[j]} at step {step + 1}")
-                    for j in bad
-                ],
-            )
+            self.fail(bad, [stops[j] for j in bad])  # type: ignore[misc]
             if not self.live:
                 return []
             grads = {n: g[self._index] for n, g in grads.items()}
@@ -444,6 +442,13 @@ def _train_members(
         del group
         return one_by_one()
 
+    with contextlib.ExitStack() as held:
+        for folder in folders:
+            held.enter_context(folder.locked())
+        return _train_stack(group, folders)
+
+
+def _train_stack(group: GroupTrainer, folders: Sequence[RunFolder]) -> list[dict[str, Any]]:
     start = time.perf_counter()
     for folder in folders:
         folder.prepare()

@@ -19,7 +19,7 @@ from mecheval.training.checkpoint import (
     remove_checkpoint,
 )
 from mecheval.training.config import RunConfig, resolve
-from mecheval.training.folder import RunFolder
+from mecheval.training.folder import RunFolder, peek_status
 from mecheval.training.reporter import Reporter
 from mecheval.training.threads import torch_threads
 from mecheval.training.trainer import Callback, Diverged, Trainer
@@ -96,9 +96,22 @@ def train(
     """
     cfg = resolve(cfg)
     folder = RunFolder(run_dir, cfg)
+    with folder.locked():
+        return _train(folder, callbacks, datasets, cache_dir, reporter)
+
+
+def _train(
+    folder: RunFolder,
+    callbacks: Sequence[Callback],
+    datasets: Mapping[str, Any] | None,
+    cache_dir: Path | None,
+    reporter: Reporter | None,
+) -> dict[str, Any]:
+    cfg = folder.cfg
     finished = folder.prepare()
     if finished is not None:
         return finished
+    reached = int((peek_status(folder.path) or {}).get("step") or 0)
     with torch_threads(cfg.training.threads):
         start = time.perf_counter()
         trainer: Trainer | None = None
@@ -112,6 +125,12 @@ def train(
             discarded = discard_corrupt_checkpoint(trainer)
             if discarded:
                 notes["discarded_checkpoint"] = discarded
+            elif reached > 0 and not has_checkpoint(trainer.checkpoint_dir):
+                # Say so: a rerun that quietly starts over looks like one that resumed.
+                trainer.reporter.warn(
+                    f"{folder.path}: no checkpoint to resume its step {reached} from; "
+                    "training from step 0"
+                )
             folder.running(**notes)
             results = trainer.run()
             return folder.done(

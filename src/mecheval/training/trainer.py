@@ -54,6 +54,31 @@ class Diverged(RuntimeError):
         self.reason = reason
 
 
+#: A training loss above this many times a uniform guess's (ln of the vocabulary size) is an
+#: explosion: a run that learns never comes near it (an untrained model sits at about 1x),
+#: while a run at a far too high LR can stay finite there and look "done" (attention at
+#: lr=1e3 reached a dev loss of 8.6e6).
+EXPLODED_LOSS_FACTOR = 10.0
+
+
+def loss_ceiling(vocab_size: int) -> float:
+    return EXPLODED_LOSS_FACTOR * math.log(max(vocab_size, 2))
+
+
+def divergence(value: float, step: int, ceiling: float) -> Diverged | None:
+    """Why the training loss ``value`` of optimizer step ``step`` (1-based) ends the run, or
+    None: non-finite, or exploded past ``ceiling`` (:func:`loss_ceiling`)."""
+    if not math.isfinite(value):
+        return Diverged(step, f"diverged: training loss is {value} at step {step}")
+    if value > ceiling:
+        return Diverged(
+            step,
+            f"diverged: training loss {value:.3g} at step {step} exceeds {ceiling:.3g} "
+            f"({EXPLODED_LOSS_FACTOR:g}x a uniform guess's)",
+        )
+    return None
+
+
 def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
     """The permutation of ``n`` train documents used in ``epoch``: a function of (seed, epoch)."""
     return torch.randperm(n, generator=torch_generator(seed, epoch, _ORDER_STREAM, two_words=True))
@@ -92,6 +117,7 @@ class Trainer:
         reporter: Reporter | None = None,
     ) -> None:
         self.cfg = cfg
+        self.ceiling = loss_ceiling(cfg.model.vocab_size or 2)
         self.t = cfg.training
         self.datasets = datasets
         self.train_set = datasets["train"]
@@ -209,10 +235,9 @@ class Trainer:
         with tf32(self.t.precision, self.device):
             loss = self.loss(batch)
             value = loss.item()
-            if not math.isfinite(value):
-                raise Diverged(
-                    self.step + 1, f"diverged: training loss is {value} at step {self.step + 1}"
-                )
+            stop = divergence(value, self.step + 1, self.ceiling)
+            if stop is not None:
+                raise stop
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
         if self.t.grad_clip is not None:

@@ -4,7 +4,7 @@ The code blocks marked ``<!-- interop: NAME -->`` in docs/interop.md are execute
 written, only their ``RUN``/``SITE``/``ROLE`` lines pointed at a run trained by the test, so
 the page cannot drift from what works. pyvene and nnsight are not dependencies of mecheval:
 their tests are skipped, saying how to install them, where they are missing
-(``pip install 'mecheval[interop]'`` brings pyvene).
+(``pip install 'mecheval[interop]'`` brings both).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from mecheval.experiments.mechanisms import InterventionPlan, intervene_run
 from mecheval.training.config import config_from_data
 from mecheval.training.presets import preset
 from mecheval.training.run import train
@@ -80,6 +81,17 @@ def check(library: str, runs, arch: str, site: str, role: str) -> None:
 
 def test_the_page_has_every_block() -> None:
     assert set(snippets()) == {"setup", "pyvene", "hooks", "nnsight", "engine"}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_page_measures_what_mecheval_intervene_measures(runs, arch) -> None:
+    """The page's documents and scoring are `mecheval intervene`'s defaults (test split, every
+    document, all of them), so its engine block gives the number the CLI prints."""
+    site, role = CELLS[0]
+    engine, _ = engine_cell(runs, arch, site, role)
+    measured = intervene_run(runs[arch], InterventionPlan(sites=(site,), roles=(role,)))
+    assert measured is not None
+    assert measured.result.value("restored", site=site, role=role) == engine
 
 
 @pytest.mark.parametrize(("site", "role"), CELLS)

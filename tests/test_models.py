@@ -87,3 +87,13 @@ def test_unknown_mixer_option_names_the_field() -> None:
 
 def test_a_good_mixer_passes_every_check_including_the_engine() -> None:
     assert all(r.passed for r in run_checks("based")), run_checks("based")
+
+
+def test_device_is_the_parameters_device() -> None:
+    """pyvene (docs/interop.md) reads ``model.device``, as transformers' models have it."""
+    cfg = ModelConfig(architecture="attention", d_model=16, n_layers=1, vocab_size=11, max_len=8)
+    model = build_model(cfg)
+    assert model.device == torch.device("cpu")
+    assert model.to(torch.float64).device == torch.device("cpu")
+    with torch.device("meta"):
+        assert build_model(cfg).device == torch.device("meta")

@@ -119,6 +119,13 @@ class LanguageModel(nn.Module):
         self.reset_parameters()
         name_sites(self)
 
+    @property
+    def device(self) -> torch.device:
+        """The device the model's parameters are on (as transformers' models have it; pyvene
+        reads ``model.device``). A model lives on one device: ``load_run(..., device=)``,
+        ``.to()``."""
+        return self.embedding.weight.device
+
     def reset_parameters(self) -> None:
         std = self.config.init_std
         n_layers = self.config.n_layers

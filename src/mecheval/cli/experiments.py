@@ -268,10 +268,11 @@ def reproduce_spec(
 
 
 def _report(experiment_dir: Path, figures: tuple[str, ...]) -> None:
-    from mecheval.experiments.store import load_results, mechanism_summary
-    from mecheval.models.registry import architecture_rank
+    """Print the experiment's figures and mechanism table, and save exactly what was printed
+    (figure files, and report.html with the same figures, reasons and table)."""
+    from mecheval.experiments.store import load_results
     from mecheval.report import available_figures, normalise, write_figure
-    from mecheval.report.html import write_html
+    from mecheval.report.html import save_html
 
     table = normalise(load_results(experiment_dir))
     results, skipped = available_figures(table, list(figures))
@@ -281,12 +282,27 @@ def _report(experiment_dir: Path, figures: tuple[str, ...]) -> None:
         typer.echo(result.markdown)
     for name, why in skipped.items():
         typer.echo(f"(figure {name} not made: {why})")
-    write_html(table, report_dir / "report.html")
-    typer.echo(f"report: {report_dir}/ (report.html bundles every figure)")
+    mechanisms = _mechanisms_markdown(experiment_dir)
+    page = save_html(
+        results, skipped, report_dir / "report.html", notes=[mechanisms] if mechanisms else []
+    )
+    typer.echo(f"report: {report_dir}/ ({page.name}: the figures and table printed here)")
+    if mechanisms:
+        typer.echo("\n" + mechanisms)
+
+
+def _mechanisms_markdown(experiment_dir: Path) -> str:
+    """The mechanism label table of the experiment's runs, headed; "" when no run has one."""
+    from mecheval.experiments.store import mechanism_summary
+    from mecheval.models.registry import architecture_rank
+
     summary = mechanism_summary(experiment_dir)
-    if "mechanism" in summary.columns:
-        summary = summary.sort_values(
-            "architecture", key=lambda c: c.map(architecture_rank), kind="stable"
-        )
-        typer.echo("\nMechanisms (likelihood of the answer %, restored at the label site):\n")
-        typer.echo(summary.to_markdown(index=False))
+    if "mechanism" not in summary.columns:
+        return ""
+    summary = summary.sort_values(
+        "architecture", key=lambda c: c.map(architecture_rank), kind="stable"
+    )
+    return (
+        "Mechanisms (likelihood of the answer %, restored at the label site):\n\n"
+        + summary.to_markdown(index=False)
+    )

@@ -103,7 +103,7 @@ def _run(spec, out, workers, backend, address, retry_failed, plan, quiet, group_
 
 @app.command("sweep")
 def sweep_command(
-    spec_path: Annotated[Path, typer.Argument(help="sweep spec YAML (base + grid)")],
+    spec_path: Annotated[Path, typer.Argument(help="sweep spec YAML (docs/sweeps.md)")],
     out: Out = Path("runs"),
     workers: Workers = 1,
     backend: Backend = "local",

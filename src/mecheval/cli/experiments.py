@@ -3,7 +3,6 @@ registered paper experiments end to end (train, intervene, report)."""
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from mecheval.cli import app
-from mecheval.cli.progress import SweepDisplay
+from mecheval.cli.progress import sweep_display
 from mecheval.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -77,7 +76,7 @@ def _run(spec, out, workers, backend, address, retry_failed, plan, quiet, group_
     spec = spec.model_copy(update={"set": {**spec.set, **runtime}})
     n_runs = len(plan_runs(spec))
     start = time.perf_counter()
-    with SweepDisplay(n_runs, enabled=not quiet and sys.stderr.isatty()) as display:
+    with sweep_display(n_runs, quiet) as display:
         outcomes = run_sweep(
             spec,
             out,

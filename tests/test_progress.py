@@ -14,6 +14,7 @@ from mecheval.cli.progress import (
     PlainReporter,
     PlainSweepLog,
     QuietSweep,
+    SweepDisplay,
     SweepTracker,
     eta_seconds,
     format_duration,
@@ -193,3 +194,16 @@ def test_a_sweep_in_a_log_says_when_each_run_ends(tmp_path, monkeypatch, capsys)
     # -q: nothing on stderr.
     code, out, err = run_cli(monkeypatch, capsys, *args, "-q")
     assert code == 0 and err == ""
+
+
+def test_the_terminal_display_prints_a_line_when_a_run_ends(capsys) -> None:
+    clock = FakeClock()
+    with SweepDisplay(2, clock=clock) as display:
+        display.update(RunProgress("a", 0, 40, at=clock.now))
+        clock.now += 4
+        display.update(RunProgress("a", 20, 40, at=clock.now))
+        assert display.tracker.run_eta("a") == pytest.approx(4.0)
+        display.update(done("a", 0.5, "induction"))
+        assert display.jobs == {}  # its bar is gone
+    err = capsys.readouterr().err
+    assert "[4s] done a in 4s: dev accuracy 50.0%, mechanism induction (1/2 runs over)" in err

@@ -14,6 +14,8 @@ from mecheval.experiments.grid import SweepSpec, expand, load_sweep
 from mecheval.experiments.mechanisms import InterventionPlan
 from mecheval.experiments.runners import (
     GPU_GROUP_SIZE,
+    Outcome,
+    RunProgress,
     auto_group_size,
     estimated_seconds,
     group_jobs,
@@ -313,7 +315,12 @@ def test_a_grouped_sweep_equals_one_run_at_a_time(tmp_path, monkeypatch) -> None
     progress = []
     stacked = run_sweep(spec, tmp_path / "g", group_size=3, plan=plan, on_progress=progress.append)
     assert stacks == [3]  # one stack of all three, not three runs
-    assert {item[4] for item in progress} == {3}  # progress counts the stack's runs
+    steps = [e for e in progress if isinstance(e, RunProgress)]
+    assert {e.runs for e in steps} == {3}  # progress counts the stack's runs
+    # Each run's outcome comes too, as its stack ends.
+    assert sorted(e.name for e in progress if isinstance(e, Outcome)) == sorted(
+        r.name for r in expand(spec)
+    )
     single = run_sweep(spec, tmp_path / "s", group_size=1, plan=plan)
     assert stacks == [3]
     assert [(o.name, o.state) for o in stacked] == [(o.name, o.state) for o in single]

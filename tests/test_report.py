@@ -25,6 +25,7 @@ from mecheval.report import (
     write_html,
 )
 from mecheval.report.registry import available_figures
+from mecheval.report.specs import site_title
 from mecheval.report.tables import normalise, t975
 
 matplotlib.use("Agg")
@@ -466,11 +467,31 @@ def test_emergence_figure():
     assert data.loc[("Restored @ value", 100), "mean"] == pytest.approx(40.5)
     assert "| 32 | 200 | 90.0 ± 0.0 | 10.0 ± 0.0 | 10.0 ± 0.0 | 81.0 ± 12.7 |" in result.markdown
     assert isinstance(result.figure, Figure) and len(result.figure.axes) == 1
-    # The title says the site in words, not as the template layers.{last}.input.
+    # The title names the runs' actual site (2 layers: layers.1), not the template
+    # layers.{last}.input, and says it in words.
     title = " ".join(result.figure.get_suptitle().split())
-    assert title == "emergence: restored likelihood at the last layer's input over training"
+    assert title == (
+        "emergence: restored likelihood at layers.1.input (the last layer's input) over training"
+    )
     with pytest.raises(ConfigError, match="^figure emergence: no runs with interventions at two"):
         FIGURES["emergence"](pd.DataFrame(rows[: len(rows) // 2]).assign(step=200))
+
+
+def test_restore_titles_name_the_actual_sites():
+    rows = []
+    for layers in (2, 3):
+        site = f"layers.{layers - 1}.input"
+        mech = restore_mech(0.9, 0.1, 0.1, 0.8, 0.1, site)
+        rows += run_rows(f"l{layers}", config("attention", 32, layers=layers), dev=0.9, mech=mech)
+    table = pd.DataFrame(rows)
+    # Each run's own last layer, both named: a reader finds them in the results table.
+    assert site_title(table, "layers.{last}.input") == (
+        "layers.1.input, layers.2.input (the last layer's input)"
+    )
+    result = FIGURES["ar-restore"](table)  # the figure keeps the standard depth, 2 layers
+    title = " ".join(result.figure.get_suptitle().split())
+    assert title.endswith("restored at layers.1.input (the last layer's input)"), title
+    assert "{last}" not in result.markdown and title in " ".join(result.markdown.split())
 
 
 def test_available_figures_skips_irrelevant_ones(main_table):

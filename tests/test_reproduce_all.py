@@ -8,6 +8,9 @@ report, the mechanism table.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -40,3 +43,21 @@ def test_experiment_runs_end_to_end_at_tiny(name: str, tmp_path) -> None:
     ]
     assert (folder / "report" / "report.html").exists()
     assert "Mechanisms" in result.output
+    printed = assert_report_is_what_was_printed(folder / "report", result.output)
+    if name == "ar":  # some experiments make no figure at tiny (grandparent); this one two
+        assert printed == ["ar-restore", "emergence"]
+
+
+def assert_report_is_what_was_printed(report_dir: Path, output: str) -> list[str]:
+    """report.html holds the figures printed and saved, no other, and the mechanism table;
+    the figures printed, in order."""
+    page = (report_dir / "report.html").read_text()
+    printed = re.findall(r"^## ([\w-]+): ", output, flags=re.MULTILINE)
+    saved = [p.stem for p in report_dir.glob("*.png")]
+    in_page = re.findall(r'<section id="([^"]+)"', page)
+    assert sorted(in_page) == sorted(printed) == sorted(saved)
+    # The figures it could not make: the experiment's own, as printed, not every other one.
+    not_made = re.findall(r"^\(figure ([\w-]+) not made", output, flags=re.MULTILINE)
+    assert re.findall(r"<li><code>([\w-]+)</code>: ", page) == not_made
+    assert "<p>Mechanisms (likelihood of the answer %" in page
+    return printed

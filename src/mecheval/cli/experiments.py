@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from mecheval.cli import app, check_out
-from mecheval.cli.progress import SweepDisplay
+from mecheval.cli.progress import sweep_display
 from mecheval.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -73,14 +73,15 @@ def runtime_overrides(device: str | None, compile_: bool) -> dict[str, object]:
 
 
 def _run(spec, out, workers, backend, address, retry_failed, plan, quiet, group_size, runtime):
-    from mecheval.experiments.runners import plan_runs, run_sweep
+    from mecheval.experiments.runners import check_options, plan_runs, run_sweep
 
     check_out(out)
+    check_options(workers, backend)  # before the progress display's first line
     spec = spec.model_copy(update={"set": {**spec.set, **runtime}})
     n_runs = len(plan_runs(spec))
     start = time.perf_counter()
     try:
-        with SweepDisplay(n_runs, enabled=not quiet and sys.stderr.isatty()) as display:
+        with sweep_display(n_runs, quiet) as display:
             outcomes = run_sweep(
                 spec,
                 out,
@@ -127,7 +128,7 @@ def interrupted_runs(sweep_dir: Path) -> list[str]:
 
 @app.command("sweep")
 def sweep_command(
-    spec_path: Annotated[Path, typer.Argument(help="sweep spec YAML (base + grid)")],
+    spec_path: Annotated[Path, typer.Argument(help="sweep spec YAML (docs/sweeps.md)")],
     out: Out = Path("runs"),
     workers: Workers = 1,
     backend: Backend = "local",
@@ -300,10 +301,11 @@ def reproduce_spec(
 
 
 def _report(experiment_dir: Path, figures: tuple[str, ...]) -> None:
-    from mecheval.experiments.store import load_results, mechanism_summary
-    from mecheval.models.registry import architecture_rank
+    """Print the experiment's figures and mechanism table, and save exactly what was printed
+    (figure files, and report.html with the same figures, reasons and table)."""
+    from mecheval.experiments.store import load_results
     from mecheval.report import available_figures, normalise, write_figure
-    from mecheval.report.html import write_html
+    from mecheval.report.html import save_html
 
     table = normalise(load_results(experiment_dir))
     results, skipped = available_figures(table, list(figures))
@@ -313,12 +315,27 @@ def _report(experiment_dir: Path, figures: tuple[str, ...]) -> None:
         typer.echo(result.markdown)
     for name, why in skipped.items():
         typer.echo(f"(figure {name} not made: {why})")
-    write_html(table, report_dir / "report.html")
-    typer.echo(f"report: {report_dir}/ (report.html bundles every figure)")
+    mechanisms = _mechanisms_markdown(experiment_dir)
+    page = save_html(
+        results, skipped, report_dir / "report.html", notes=[mechanisms] if mechanisms else []
+    )
+    typer.echo(f"report: {report_dir}/ ({page.name}: the figures and table printed here)")
+    if mechanisms:
+        typer.echo("\n" + mechanisms)
+
+
+def _mechanisms_markdown(experiment_dir: Path) -> str:
+    """The mechanism label table of the experiment's runs, headed; "" when no run has one."""
+    from mecheval.experiments.store import mechanism_summary
+    from mecheval.models.registry import architecture_rank
+
     summary = mechanism_summary(experiment_dir)
-    if "mechanism" in summary.columns:
-        summary = summary.sort_values(
-            "architecture", key=lambda c: c.map(architecture_rank), kind="stable"
-        )
-        typer.echo("\nMechanisms (likelihood of the answer %, restored at the label site):\n")
-        typer.echo(summary.to_markdown(index=False))
+    if "mechanism" not in summary.columns:
+        return ""
+    summary = summary.sort_values(
+        "architecture", key=lambda c: c.map(architecture_rank), kind="stable"
+    )
+    return (
+        "Mechanisms (likelihood of the answer %, restored at the label site):\n\n"
+        + summary.to_markdown(index=False)
+    )

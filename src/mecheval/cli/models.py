@@ -8,11 +8,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mecheval.cli import app
+from mecheval.cli import HELP_MARKUP, CommandGroup, app
 from mecheval.models import ModelConfig, build_model, count_parameters, site_names
 from mecheval.models.registry import available_architectures, get_architecture
 
-models_app = typer.Typer(help="Inspect the model zoo.", no_args_is_help=True)
+models_app = typer.Typer(
+    help="Inspect the model zoo.",
+    cls=CommandGroup,
+    no_args_is_help=True,
+    rich_markup_mode=HELP_MARKUP,
+)
 app.add_typer(models_app, name="models")
 
 WIDTHS = (16, 32, 64, 128, 256)

@@ -10,13 +10,18 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from mecheval.cli import app
+from mecheval.cli import HELP_MARKUP, CommandGroup, app
 from mecheval.errors import ConfigError
 from mecheval.tasks import ROLES, SPLITS, TASKS, TaskConfig, build_datasets, task_of, token_names
 from mecheval.tasks.registry import parse_task
 from mecheval.tasks.stats import dataset_stats
 
-task_app = typer.Typer(help="Inspect the synthetic tasks.", no_args_is_help=True)
+task_app = typer.Typer(
+    help="Inspect the synthetic tasks.",
+    cls=CommandGroup,
+    no_args_is_help=True,
+    rich_markup_mode=HELP_MARKUP,
+)
 app.add_typer(task_app, name="task")
 
 ROLE_STYLE = {

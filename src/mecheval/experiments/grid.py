@@ -16,7 +16,8 @@ A sweep spec (YAML)::
       mamba: {training.lr: 3e-3}
 
 Each point of the product becomes one run with a readable, stable name built from the grid
-values in spec order, e.g. ``mamba-d64-lr1e-3-s0``.
+values in spec order, e.g. ``mamba-d64-lr1e-3-s0``. The user's documentation of the format:
+docs/sweeps.md, with configs/sweep-example.yaml.
 """
 
 from __future__ import annotations

@@ -124,6 +124,15 @@ def _measured_on(run_dir: Path) -> str | None:
         return None
 
 
+def written_label(run_dir: Path) -> str | None:
+    """The mechanism label written into the run folder (None: none, or unreadable)."""
+    try:
+        label = json.loads((run_dir / MECHANISM_FILE).read_text()).get("label")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return label if isinstance(label, str) else None
+
+
 @dataclass(frozen=True)
 class RunMechanism:
     """What :func:`intervene_run` measured: the engine's result (its own table, for views),

@@ -10,6 +10,7 @@ with ``retry_failed``.
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
 import os
 import queue
@@ -58,6 +59,28 @@ class Outcome:
     reason: str = ""
     metrics: dict[str, Any] = field(default_factory=dict)
     skipped: bool = False
+    #: the mechanism label its interventions gave ("" when none ran)
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    """How far a run's training is, sent from its worker: ``runs`` > 1 for a stack of runs
+    trained as one model (``name`` is then its first run's, plus the count)."""
+
+    name: str
+    step: int
+    total: int
+    loss: float | None = None
+    runs: int = 1
+    #: the worker's ``time.monotonic()`` when it sent this (one clock for all processes of a
+    #: machine): the parent reads events in batches, so their arrival times say little
+    at: float | None = None
+
+
+#: What a sweep tells its ``on_progress``: a run's progress while it trains, and its
+#: :class:`Outcome` when it is over (trained and intervened, failed, or already done).
+SweepEvent = RunProgress | Outcome
 
 
 def base_data(spec: SweepSpec, architecture: str | None) -> dict[str, Any]:
@@ -189,37 +212,58 @@ def _finish(job: Job, run_dir: Path, before: Mapping[str, Any] | None, crash: st
         own = status.get("state") == "failed" and status != (before or {})
         return Outcome(job.name, "failed", str(status.get("reason")) if own else crash)
     skipped = before is not None and before.get("state") == status.get("state") == "done"
+    label = ""
     if status.get("state") == "done" and job.plan is not None:
-        from mecheval.experiments.mechanisms import intervene_run
+        from mecheval.experiments.mechanisms import intervene_run, written_label
 
         try:
             cache = Path(job.cache_dir) if job.cache_dir else None
             intervene_run(run_dir, job.plan, skip_existing=True, cache_dir=cache)
         except Exception as err:
             return Outcome(job.name, "failed", f"interventions: {type(err).__name__}: {err}")
+        label = written_label(run_dir) or ""
     return Outcome(
         job.name,
         str(status.get("state")),
         str(status.get("reason") or ""),
         dict(status.get("metrics") or {}),
         skipped,
+        label,
     )
 
 
 class QueueReporter:
-    """Sends a run's progress to the parent process (a training Reporter)."""
+    """Sends a run's progress to the parent process (a training Reporter): at the start, at
+    the last step, and in between every ``every`` steps or ``interval`` seconds, whichever
+    comes first. The time bound keeps a slow model's display moving (Mamba's 40 tiny steps
+    once showed 0/40 for 7 s); the step bound, the sweep's ETA close to the pace."""
 
-    def __init__(self, name: str, sink: Any, every: int = 25, runs: int = 1) -> None:
+    def __init__(
+        self,
+        name: str,
+        sink: Any,
+        every: int = 25,
+        runs: int = 1,
+        interval: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.name, self.sink, self.every, self.runs = name, sink, every, runs
+        self.interval, self.clock = interval, clock
         self.total = 0
+        self.sent = -math.inf
+
+    def _send(self, step: int, loss: float | None) -> None:
+        self.sent = self.clock()
+        self.sink.put(RunProgress(self.name, step, self.total, loss, self.runs, self.sent))
 
     def start(self, total: int, step: int) -> None:
         self.total = total
-        self.sink.put((self.name, step, total, None, self.runs))
+        self._send(step, None)
 
     def step(self, step: int, loss: float) -> None:
-        if step % self.every == 0 or step == self.total:
-            self.sink.put((self.name, step, self.total, loss, self.runs))
+        due = self.clock() - self.sent >= self.interval
+        if step % self.every == 0 or step == self.total or due:
+            self._send(step, loss)
 
     def evaluated(self, step: int, results: Mapping[str, Mapping[str, float]]) -> None:
         pass
@@ -370,14 +414,18 @@ def group_jobs(jobs: Sequence[Job], group_size: int) -> list[list[Job]]:
 def run_local(
     jobs: Sequence[Job],
     workers: int,
-    on_progress: Callable[[tuple], None] | None = None,
+    on_progress: Callable[[SweepEvent], None] | None = None,
     group_size: int = 1,
 ) -> list[Outcome]:
     groups = group_jobs(jobs, group_size)
     if workers <= 1:
         sink = _CallbackSink(on_progress) if on_progress else None
         with stop_on_sigterm():
-            return _in_job_order(jobs, groups, [execute_group(group, sink) for group in groups])
+            results = []
+            for group in groups:
+                results.append(execute_group(group, sink))
+                _announce(results[-1], on_progress)
+            return _in_job_order(jobs, groups, results)
     # spawn, not fork: forking a process whose torch thread pool is running can deadlock.
     context = multiprocessing.get_context("spawn")
     ordered = longest_first(groups) if len(groups) > workers else groups
@@ -394,16 +442,28 @@ def run_local(
     ):
         try:
             futures = [pool.submit(_execute_in_worker, group) for group in ordered]
+            group_of = dict(zip(futures, ordered, strict=True))
             pending: set[Future] = set(futures)
             while pending:
-                _, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-                _drain(sink, on_progress)
+                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                _drain(sink, on_progress)  # a run's last steps before its outcome
+                for future in done:
+                    _announce(_outcomes(future, group_of[future]), on_progress)
             _drain(sink, on_progress)
         except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (Terminated)
             _stop_workers(pool, err)
             raise
         results = [_outcomes(f, group) for f, group in zip(futures, ordered, strict=True)]
     return _in_job_order(jobs, ordered, results)
+
+
+def _announce(
+    outcomes: Sequence[Outcome], on_progress: Callable[[SweepEvent], None] | None
+) -> None:
+    """Each run's outcome to the display as soon as its group is over, not at the sweep's end."""
+    if on_progress is not None:
+        for outcome in outcomes:
+            on_progress(outcome)
 
 
 def _outcomes(future: Future, group: Sequence[Job]) -> list[Outcome]:
@@ -510,14 +570,14 @@ def run_ray(jobs: Sequence[Job], address: str | None, group_size: int = 1) -> li
 
 
 class _CallbackSink:
-    def __init__(self, callback: Callable[[tuple], None]) -> None:
+    def __init__(self, callback: Callable[[SweepEvent], None]) -> None:
         self.callback = callback
 
-    def put(self, item: tuple) -> None:
+    def put(self, item: SweepEvent) -> None:
         self.callback(item)
 
 
-def _drain(sink: Any, on_progress: Callable[[tuple], None] | None) -> None:
+def _drain(sink: Any, on_progress: Callable[[SweepEvent], None] | None) -> None:
     if sink is None or on_progress is None:
         return
     while True:
@@ -525,6 +585,13 @@ def _drain(sink: Any, on_progress: Callable[[tuple], None] | None) -> None:
             on_progress(sink.get_nowait())
         except queue.Empty:
             return
+
+
+def check_options(workers: int, backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ConfigError(f"--backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+    if workers < 1:
+        raise ConfigError(f"--workers: expected >= 1, got {workers}")
 
 
 def run_sweep(
@@ -537,17 +604,15 @@ def run_sweep(
     plan: InterventionPlan | None = None,
     retry_failed: bool = False,
     cache_dir: Path | None = None,
-    on_progress: Callable[[tuple], None] | None = None,
+    on_progress: Callable[[SweepEvent], None] | None = None,
     group_size: int | None = None,
 ) -> list[Outcome]:
     """Run every run of ``spec`` under ``out_dir/spec.name``; return one outcome per run.
+    ``on_progress`` (local backend) gets each run's events (:data:`SweepEvent`) as they happen.
 
     ``group_size``: the most runs trained as one stacked model (:func:`group_jobs`); None
     chooses (:func:`auto_group_size`: stacks on a GPU, one run at a time on a CPU)."""
-    if backend not in BACKENDS:
-        raise ConfigError(f"--backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
-    if workers < 1:
-        raise ConfigError(f"--workers: expected >= 1, got {workers}")
+    check_options(workers, backend)
     jobs = make_jobs(spec, Path(out_dir), workers, plan, retry_failed, cache_dir)
     size = auto_group_size(jobs) if group_size is None else group_size
     if backend == "ray":

@@ -108,7 +108,10 @@ def render_html(
     results: Sequence[FigureResult],
     skipped: dict[str, str] | None = None,
     title: str = "mecheval report",
+    notes: Sequence[str] = (),
 ) -> str:
+    """The page of these figures (and the reasons others were not made), then ``notes``:
+    further markdown sections, e.g. what a command printed after its figures."""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -132,6 +135,7 @@ def render_html(
             for n, why in skipped.items()
         )
         parts.append(f"<section><h2>Figures without data</h2><ul>{items}</ul></section>")
+    parts += [f"<section>{markdown_to_html(note)}</section>" for note in notes]
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
@@ -146,4 +150,16 @@ def write_html(
     applicable figure (or those named) and its tables; figures without data are listed with
     the reason."""
     results, skipped = available_figures(df, figures)
-    return atomic_write_text(out_path, render_html(results, skipped, title))
+    return save_html(results, skipped, out_path, title)
+
+
+def save_html(
+    results: Sequence[FigureResult],
+    skipped: dict[str, str],
+    out_path: str | Path,
+    title: str = "mecheval report",
+    notes: Sequence[str] = (),
+) -> Path:
+    """:func:`render_html` of figures already made, written atomically: a command that has
+    printed its figures saves the very same ones (making them again could differ)."""
+    return atomic_write_text(out_path, render_html(results, skipped, title, notes))

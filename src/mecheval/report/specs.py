@@ -56,6 +56,7 @@ from mecheval.report.tables import (
     restored,
     run_info,
     seed_summary,
+    site_names,
 )
 
 #: Where Based's short-conv kernel size may live in its mixer options.
@@ -67,13 +68,25 @@ BASED_KERNEL_COLUMNS = (
 )
 
 
-def _restore(df: pd.DataFrame, kind: str, title: str) -> Heatmaps:
+def site_title(df: pd.DataFrame, site: str) -> str:
+    """``site`` as a title names it: the runs' actual sites, then the template in prose
+    (``layers.1.input (the last layer's input)``), so a reader can find them in the table."""
+    names = site_names(df, site)
+    prose = describe_site(site)
+    return f"{', '.join(names)} ({prose})" if names and names != [prose] else prose
+
+
+def _restore(df: pd.DataFrame, kind: str, figure_label: str) -> Heatmaps:
     rel = standard(of_kind(df, kind))
     if rel.empty or not has_site(rel, RESTORE_SITE):
         raise NoData(
             f"no {kind.upper()} runs with interventions at {describe_site(RESTORE_SITE)} in "
             "this results table"
         )
+    title = (
+        f"{figure_label}: likelihood of the answer, original, key corrupted, and restored at "
+        f"{site_title(rel, RESTORE_SITE)}"
+    )
     return Heatmaps(title, [by_arch([(rel, restore_measures())])], rel)
 
 
@@ -81,12 +94,7 @@ def _restore(df: pd.DataFrame, kind: str, title: str) -> Heatmaps:
 def ar_restore(df: pd.DataFrame) -> Heatmaps:
     """Fig. 3: AR, original / corrupted key / restored at layers.{last}.input @ key, value,
     query; architecture x d_model; LR-tuned."""
-    return _restore(
-        df,
-        "ar",
-        "Fig. 3, AR: likelihood of the answer, original, key corrupted, and restored at the "
-        "last block's input",
-    )
+    return _restore(df, "ar", "Fig. 3, AR")
 
 
 # ---------------------------------------------------------------------------- convolutions
@@ -197,12 +205,7 @@ def mamba_conv_sites(df: pd.DataFrame) -> Heatmaps:
 @figure("atr-restore")
 def atr_restore(df: pd.DataFrame) -> Heatmaps:
     """Fig. 7: as Fig. 3 on ATR (parent queries, no train/test split)."""
-    return _restore(
-        df,
-        "atr",
-        "Fig. 7, ATR: likelihood of the answer, original, key corrupted, and restored at the "
-        "last block's input",
-    )
+    return _restore(df, "atr", "Fig. 7, ATR")
 
 
 @figure("atr-mamba-conv")
@@ -265,7 +268,7 @@ def generalisation(df: pd.DataFrame) -> Heatmaps:
             for split in ("dev", "test")
             for role in ("key", "value", "query")
         ]
-        title = f"(c) interventions at {describe_site(RESTORE_SITE)}"
+        title = f"(c) interventions at {site_title(rel, RESTORE_SITE)}"
         sections.append(by_arch([(rel, measures)], title, tune_metric="accuracy"))
     # (b): every run's final dev vs test accuracy, the best-by-dev ones ringed.
     acc = measure_values(
@@ -412,7 +415,7 @@ def emergence(df: pd.DataFrame) -> Curves:
     )
     return Curves(
         title="mechanistic metrics over training",
-        plot_title=f"restored likelihood at {describe_site(RESTORE_SITE)} over training",
+        plot_title=f"restored likelihood at {site_title(rel, RESTORE_SITE)} over training",
         data=data,
         panels=panels,
         measures=[m.label for m in measures],

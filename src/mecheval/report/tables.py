@@ -358,15 +358,21 @@ def last_layers(df: pd.DataFrame) -> dict[str, int]:
     return out
 
 
-def has_site(df: pd.DataFrame, site: str) -> bool:
-    """Whether any run has restored rows at ``site`` (``{last}`` resolved per run)."""
+def site_names(df: pd.DataFrame, site: str) -> list[str]:
+    """The sites that ``site`` names in the runs' restored rows (``{last}`` resolved per run),
+    sorted: ``layers.{last}.input`` -> ``["layers.1.input"]`` for 2-layer runs."""
     df = normalise(df)
     rows = df[df["condition"] == "restored"]
     if rows.empty:
-        return False
+        return []
     last = last_layers(df)
     want = rows["run"].map(lambda r: site.format(last=last.get(r, -1)))
-    return bool((rows["site"] == want).any())
+    return sorted(set(rows.loc[rows["site"] == want, "site"]))
+
+
+def has_site(df: pd.DataFrame, site: str) -> bool:
+    """Whether any run has restored rows at ``site`` (``{last}`` resolved per run)."""
+    return bool(site_names(df, site))
 
 
 def measure_values(

@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -519,10 +520,12 @@ def _on_stop_signal(signum: int, frame: object) -> None:
     first = _stop_signal is None
     _stop_signal = signum
     # Into a running job only (its run records "crashed: interrupted" and resumes later), and
-    # once, so that a second signal cannot cut that status write short. An idle worker would
-    # print a traceback: it just starts no more jobs and exits when the pool shuts down.
+    # once, so that a second signal cannot cut that status write short. An idle worker has
+    # nothing to record: it ends at once (raising would print a traceback).
     if _busy and first:
         raise_interrupt(signum)
+    if not _busy:
+        _exit_now()
 
 
 def _execute_in_worker(jobs: Sequence[Job]) -> list[Outcome]:
@@ -534,8 +537,17 @@ def _execute_in_worker(jobs: Sequence[Job]) -> list[Outcome]:
         return execute_group(jobs, _sink)
     finally:
         _busy = False
-        if _orphaned:
-            os._exit(1)  # nobody is left to take the result; the run's status is written
+        if _orphaned or _stop_signal is not None:
+            # The run's status is written; nobody waits for the result (the sweep is
+            # stopping or gone). Skipping the interpreter's teardown (seconds with torch
+            # loaded on a busy machine) is what lets Ctrl-C end everything at once.
+            _exit_now()
+
+
+def _exit_now() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def _stop_workers(pool: ProcessPoolExecutor, err: KeyboardInterrupt) -> None:

@@ -111,3 +111,24 @@ def test_a_rerun_without_the_checkpoint_it_needs_says_it_starts_over(tmp_path: P
     assert (
         "no checkpoint to resume its step 6 from; training from step 0" in capsys.readouterr().err
     )
+
+
+def test_a_sweep_trains_a_run_with_a_damaged_status_again_and_goes_on(tmp_path: Path, capsys):
+    from small_runs import SWEEP_BASE
+
+    from mecheval.experiments.grid import SweepSpec
+    from mecheval.experiments.runners import run_sweep
+    from mecheval.experiments.store import load_results
+
+    spec = SweepSpec(name="s", base=SWEEP_BASE, grid={"training.lr": [1e-3, 3e-3]})
+    run_sweep(spec, tmp_path / "clean")
+    run_sweep(spec, tmp_path / "damaged")
+    (tmp_path / "damaged" / "s" / "lr1e-3" / STATUS_FILE).write_text("{{{")
+    outcomes = run_sweep(spec, tmp_path / "damaged")
+    assert [(o.name, o.state, o.skipped) for o in outcomes] == [
+        ("lr1e-3", "done", False),  # trained again
+        ("lr3e-3", "done", True),
+    ]
+    assert "lr1e-3/status.json: damaged" in capsys.readouterr().err
+    expected = load_results(tmp_path / "clean" / "s")
+    assert load_results(tmp_path / "damaged" / "s").equals(expected)

@@ -171,6 +171,22 @@ MUTANTS = [
         ("tests/test_fidelity.py",),
     ),
     Mutant(
+        "run-folder-not-locked",
+        "a second process may train a run folder another process is training",
+        "src/mecheval/training/folder.py",
+        "                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n",
+        "                pass\n",
+        ("tests/test_kill.py::test_a_run_folder_being_trained_is_refused_to_a_second_process",),
+    ),
+    Mutant(
+        "finite-explosion-is-done",
+        "a training loss far past a uniform guess's, but finite, does not fail the run",
+        "src/mecheval/training/trainer.py",
+        "    if value > ceiling:\n",
+        "    if False:\n",
+        ("tests/test_reliability.py",),
+    ),
+    Mutant(
         "deltanet-beta-one",
         "DeltaNet's write strength beta is always 1",
         "src/mecheval/models/mixers/deltanet.py",

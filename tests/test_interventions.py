@@ -326,12 +326,21 @@ def test_a_new_score_reaches_training_metrics_and_the_engine(monkeypatch) -> Non
     from mecheval.tasks import scores
     from mecheval.training.metrics import evaluate
 
-    monkeypatch.setitem(scores.SCORES, "p_top", lambda logp, answer: logp.max(-1).values.exp())
+    monkeypatch.setitem(
+        scores.SCORES, "p_top", lambda logp, answer, candidates: logp.max(-1).values.exp()
+    )
     monkeypatch.setattr(engine, "RESTORE_METRICS", (*engine.RESTORE_METRICS, "p_top"))
     model = tiny("attention")
     dev = build_datasets(AR)["dev"]
     got = evaluate(model, dev, batch_size=4)
-    assert set(got) == {"likelihood", "accuracy", "loss", "p_top"}
+    assert set(got) == {
+        "likelihood",
+        "accuracy",
+        "loss",
+        "in_context_mass",
+        "in_context_accuracy",
+        "p_top",
+    }
     with torch.no_grad():
         probs = torch.softmax(model(dev.tokens, at=dev.roles["query"]).double(), -1)
     assert got["p_top"] == pytest.approx(probs.max(-1).values.mean().item(), rel=1e-6)

@@ -23,21 +23,25 @@ def intervene_command(
     ] = None,
     split: Annotated[str, typer.Option(help="dev | test")] = "test",
     n_docs: Annotated[int | None, typer.Option("-n", help="documents (default: the split)")] = None,
-    metric: Annotated[str, typer.Option(help="likelihood | accuracy")] = "likelihood",
+    metric: Annotated[
+        str,
+        typer.Option(help="likelihood | accuracy | in_context_mass | in_context_accuracy"),
+    ] = "likelihood",
     documents: Documents = "all",
 ) -> None:
     """Restore each (site, role) from the original into the key-corrupted document; print
     the Fig. 3-style table and the mechanism label; write interventions.csv into RUN_DIR."""
     from mecheval.experiments.mechanisms import INTERVENTIONS_FILE, InterventionPlan, intervene_run
     from mecheval.interventions import restore_view
+    from mecheval.interventions.engine import RESTORE_METRICS
     from mecheval.models import site_names
     from mecheval.tasks import ROLES
     from mecheval.training.folder import load_run
 
     if split not in ("dev", "test"):
         raise ConfigError(f"--split: expected dev or test, got {split!r}")
-    if metric not in ("likelihood", "accuracy"):
-        raise ConfigError(f"--metric: expected likelihood or accuracy, got {metric!r}")
+    if metric not in RESTORE_METRICS:
+        raise ConfigError(f"--metric: expected one of {', '.join(RESTORE_METRICS)}, got {metric!r}")
     if n_docs is not None and n_docs < 1:
         raise ConfigError(f"-n: expected >= 1, got {n_docs}")
     check_documents(documents)
@@ -60,9 +64,11 @@ def intervene_command(
     assert measured is not None  # skip_existing is off
     view = restore_view(measured.result.table, metric=metric)
     which = "" if documents == "all" else f" {documents}"
-    typer.echo(
-        f"{metric} of the true answer (%), {split} split, {measured.n_docs}{which} documents:"
-    )
+    what = "the true answer" if metric in ("likelihood", "accuracy") else "the candidates"
+    typer.echo(f"{metric} of {what} (%), {split} split, {measured.n_docs}{which} documents:")
     typer.echo(view.to_markdown())
+    binding = measured.label.binding_line()
+    if binding:
+        typer.echo(f"\noriginal documents: {binding}")
     typer.echo(f"\nmechanism: {measured.label}")
     typer.echo(f"wrote {run_dir / INTERVENTIONS_FILE}")

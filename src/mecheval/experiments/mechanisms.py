@@ -2,7 +2,9 @@
 
 ``intervene_run`` loads a finished run, builds its eval split, corrupts the key of each
 document, runs the interchange engine and writes ``interventions.csv`` (tidy, in the results
-store's schema) plus ``mechanism.json`` (the label and the numbers it was read from).
+store's schema) plus ``mechanism.json`` (the label and the numbers it was read from: the
+restores at the label site, and on the original documents accuracy, in-context accuracy and
+mass, the chance level of a guess among the in-context candidates and their mean count).
 ``EmergenceCallback`` plugs into training and records a small intervention set at every
 evaluation into ``emergence.csv``, so the emergence of a mechanism can be plotted.
 """
@@ -24,6 +26,7 @@ from mecheval.models import LanguageModel
 from mecheval.models.sites import last_layer_input, parse_site
 from mecheval.schema import MEASUREMENT_COLUMNS
 from mecheval.tasks import Batch, build_datasets, corrupt, task_of
+from mecheval.tasks.scores import chance_level, n_candidates
 from mecheval.training import load_run, read_status
 
 INTERVENTIONS_FILE = "interventions.csv"
@@ -163,10 +166,15 @@ def intervene_run(
     step = int((read_status(run_dir) or {}).get("step", 0))
     pair = eval_batch(cfg.task, plan.split, plan.n_docs, cache_dir, plan.documents)
     rows, result = measure(model, plan, step, pair)
-    label = label_mechanism(result.table, n_layers=cfg.model.n_layers)
+    candidates = pair[0].candidates
+    chance = None if candidates is None else chance_level(candidates)
+    label = label_mechanism(result.table, n_layers=cfg.model.n_layers, chance=chance)
     record = {
         **asdict(label),
         "range": label.range,
+        "mean_candidates": None
+        if candidates is None
+        else float(n_candidates(candidates).double().mean()),
         "documents": plan.documents,
         "n_docs": len(pair[0]),
     }

@@ -9,7 +9,11 @@ Schema (one row per value)::
     run, status, reason, <config columns: task.*, model.*, training.*>,
     source (behavioural | mechanistic), step, split,
     condition ("" | original | corrupted | restored), site, layer, component, io, role,
-    metric (likelihood | accuracy | loss), value
+    metric (likelihood | accuracy | loss | in_context_mass | in_context_accuracy | ...), value
+
+The behavioural metrics are tasks/scores.py's SCORES, the mechanistic ones
+interventions.RESTORE_METRICS; both include the binding scores (in-context mass and
+accuracy) where the run was measured after they existed.
 """
 
 from __future__ import annotations
@@ -146,7 +150,9 @@ def load_results(experiment_dir: str | Path) -> pd.DataFrame:
 
 def mechanism_summary(experiment_dir: str | Path) -> pd.DataFrame:
     """One row per run: its final dev accuracy and the restore numbers its mechanism label
-    was read from (``mechanism.json``, likelihood in %), with the label."""
+    was read from (``mechanism.json``, likelihood in %), the in-context accuracy and the
+    chance level of a guess among the in-context candidates on the same documents (in %;
+    empty for a mechanism.json written before they existed), with the label."""
     rows = []
     for run_dir in run_dirs(Path(experiment_dir)):
         config = read_config_data(run_dir)
@@ -171,6 +177,10 @@ def mechanism_summary(experiment_dir: str | Path) -> pd.DataFrame:
             for role in ("key", "value", "query"):
                 value = label["restored"].get(role)
                 row[f"@ {role}"] = None if value is None else round(100 * value, 1)
+            binding = (("in-context acc %", "in_context_accuracy"), ("chance %", "chance"))
+            for column, key in binding:
+                value = label.get(key)
+                row[column] = None if value is None else round(100 * value, 1)
             row["mechanism"] = label["label"]
         rows.append(row)
     return pd.DataFrame(rows)

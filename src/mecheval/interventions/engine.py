@@ -20,7 +20,10 @@ key, before any mixing) are not run at all: their result is the corrupted result
     site        "" for original / corrupted, else the patched site
     role        "" for original / corrupted, else the patched role
     metric      one of RESTORE_METRICS: likelihood (mean p(answer)) | accuracy (mean
-                argmax == answer), scored by tasks/scores.py in float64
+                argmax == answer) | in_context_mass (mean p summed over the document's
+                answer candidates) | in_context_accuracy (mean argmax among them), scored
+                by tasks/scores.py in float64; the in-context two only where the original
+                batch has candidates (every document from a dataset has)
     value       float
 
 ``per_example`` holds one row per (document, site, role) with the restored likelihood, next
@@ -40,11 +43,12 @@ from mecheval.interventions.patch import patch, record
 from mecheval.models.backbone import LanguageModel
 from mecheval.models.sites import FINAL_NORM_INPUT, layer_site, site_names, split_layer
 from mecheval.tasks.batch import ROLES, Batch
-from mecheval.tasks.scores import answer_scores
+from mecheval.tasks.scores import answer_scores, available_scores
 
 #: The scores (tasks/scores.py) reported per condition, site and role; likelihood first (the
-#: per-example table and the mechanism labels read it).
-RESTORE_METRICS = ("likelihood", "accuracy")
+#: per-example table and the mechanism labels read it). Every condition is scored against
+#: the original documents' answer candidates (``Batch.with_tokens`` keeps them).
+RESTORE_METRICS = ("likelihood", "accuracy", "in_context_mass", "in_context_accuracy")
 
 
 @dataclass(frozen=True)
@@ -70,9 +74,18 @@ class InterchangeResult:
         return float(rows.value.iloc[0])
 
 
-def _scores(logits: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
-    """The :data:`RESTORE_METRICS` per row, [len(RESTORE_METRICS), N] float64."""
-    return torch.stack(list(answer_scores(logits, answer, RESTORE_METRICS).values()))
+def _metrics(batch: Batch) -> list[str]:
+    """The :data:`RESTORE_METRICS` a batch can be scored on (the in-context ones need its
+    candidates)."""
+    return available_scores(RESTORE_METRICS, batch.candidates)
+
+
+def _scores(
+    logits: torch.Tensor, answer: torch.Tensor, candidates: torch.Tensor | None
+) -> torch.Tensor:
+    """The :func:`_metrics` per row, [len(metrics), N] float64."""
+    metrics = available_scores(RESTORE_METRICS, candidates)
+    return torch.stack(list(answer_scores(logits, answer, metrics, candidates).values()))
 
 
 def _restart(model: LanguageModel, site: str) -> tuple[str, int, bool]:
@@ -130,15 +143,15 @@ def interchange(
     roles = list(roles) if roles is not None else list(ROLES)
     _check(original, corrupted, roles)
     n = len(original)
-    answer = original.answer
+    answer, candidates, metrics = original.answer, original.candidates, _metrics(original)
     restarts = {site: _restart(model, site) for site in sites}
     cached = sorted(set(sites) | {start for start, _, _ in restarts.values() if start})
     with record(model, sites) as source:
-        s_orig = _scores(model(original.tokens, at=original.query), answer)
+        s_orig = _scores(model(original.tokens, at=original.query), answer, candidates)
     with record(model, cached) as base:
-        s_corr = _scores(model(corrupted.tokens, at=corrupted.query), answer)
+        s_corr = _scores(model(corrupted.tokens, at=corrupted.query), answer, candidates)
 
-    rows = _baseline_rows(s_orig, s_corr)
+    rows = _baseline_rows(s_orig, s_corr, metrics)
     docs = torch.arange(n)
     per_example = []
     if not roles:
@@ -168,10 +181,12 @@ def interchange(
             else:
                 with patch(model, site, dst_, values[rows_]):
                     logits = model(corrupted.tokens[docs_], at=at_)
-            scores[:, rows_] = _scores(logits, answer[docs_])
-        by_role = scores.view(len(RESTORE_METRICS), len(roles), n)
+            scores[:, rows_] = _scores(
+                logits, answer[docs_], None if candidates is None else candidates[docs_]
+            )
+        by_role = scores.view(len(metrics), len(roles), n)
         for k, role in enumerate(roles):
-            for m, metric in enumerate(RESTORE_METRICS):
+            for m, metric in enumerate(metrics):
                 rows.append(("restored", site, role, metric, by_role[m, k].mean().item()))
             per_example.append(
                 pd.DataFrame(
@@ -206,9 +221,10 @@ def naive_interchange(
     sites = list(sites) if sites is not None else site_names(model)
     roles = list(roles) if roles is not None else list(ROLES)
     _check(original, corrupted, roles)
-    s_orig = _scores(model(original.tokens, at=original.query), original.answer)
-    s_corr = _scores(model(corrupted.tokens, at=corrupted.query), original.answer)
-    rows = _baseline_rows(s_orig, s_corr)
+    candidates, metrics = original.candidates, _metrics(original)
+    s_orig = _scores(model(original.tokens, at=original.query), original.answer, candidates)
+    s_corr = _scores(model(corrupted.tokens, at=corrupted.query), original.answer, candidates)
+    rows = _baseline_rows(s_orig, s_corr, metrics)
     per_example = []
     for site in sites:
         for role in roles:
@@ -219,12 +235,13 @@ def naive_interchange(
                     model(one_o.tokens, at=one_o.query)
                 value = source[site][0, one_o.roles[role][0]][None]
                 with patch(model, site, one_c.roles[role], value):
-                    one = _scores(model(one_c.tokens, at=one_c.query), one_o.answer)[:, 0]
+                    logits = model(one_c.tokens, at=one_c.query)
+                    one = _scores(logits, one_o.answer, one_o.candidates)[:, 0]
                 restored.append(one.tolist())
                 per_example.append(
                     (b, site, role, one[0].item(), s_orig[0, b].item(), s_corr[0, b].item())
                 )
-            for m, metric in enumerate(RESTORE_METRICS):
+            for m, metric in enumerate(metrics):
                 values = [r[m] for r in restored]
                 rows.append(("restored", site, role, metric, sum(values) / len(values)))
     table = pd.DataFrame(rows, columns=["condition", "site", "role", "metric", "value"])
@@ -235,12 +252,12 @@ def naive_interchange(
 
 
 def _baseline_rows(
-    s_orig: torch.Tensor, s_corr: torch.Tensor
+    s_orig: torch.Tensor, s_corr: torch.Tensor, metrics: Sequence[str]
 ) -> list[tuple[str, str, str, str, float]]:
     return [
         (condition, "", "", metric, scores[m].mean().item())
         for condition, scores in (("original", s_orig), ("corrupted", s_corr))
-        for m, metric in enumerate(RESTORE_METRICS)
+        for m, metric in enumerate(metrics)
     ]
 
 

@@ -3,8 +3,27 @@
 The label is read from the restore table at the last layer's input (``layers.{L-1}.input``;
 for a 1-layer model, ``layers.0.output``). With o = p(y|o), c = p(y|c) and r = the restored
 likelihood at a role, a role *recovers* the fraction (r − c) / (o − c) of what the
-corruption removed:
+corruption removed. The labels, in the order they are tried:
 
+- ``candidates only (no binding)``: on the original documents the in-context accuracy
+  (argmax is one of the document's answer candidates: AR its values, ATR its yield's
+  terminals) is ≥ ``min_in_context_accuracy`` (:data:`CANDIDATES_MIN_IN_CONTEXT_ACCURACY`,
+  0.9), the accuracy is within ``chance_tolerance`` (:data:`CHANCE_TOLERANCE`, 0.05
+  absolute, both bounds inclusive) of the chance level mean(1 / candidates) of a guess
+  among the in-context candidates, and the in-context accuracy exceeds the accuracy by more
+  than ``chance_tolerance`` (so where the chance level is itself ≈ 1, a single candidate per
+  document, binding and candidate-picking cannot be told apart and this label is not given;
+  below a chance of 0.8 the first two conditions imply the third). The model learned
+  *which* tokens can answer (the candidate class, read from the context) but not *which one
+  the key binds*: it has learned something, but not retrieval. It goes first: before
+  ``not learned``, which it would otherwise read as (with 16 pairs o ≈ 1/16 < 0.2), hiding
+  what was learned; before ``inconclusive`` and the restore labels, because with accuracy
+  at chance no restore pattern can be the mechanism of a retrieval the model does not do
+  (with 4 pairs, o ≈ 0.25 passes ``min_original`` and a restore could read as a weak
+  "induction"). 0.05 is about two standard errors of an accuracy at chance 0.25 over 320
+  test documents (√(0.25·0.75/320) ≈ 0.024): a model 7 points above chance (the quick H3's
+  32 % against 25 %) binds in part and keeps its restore label. Needs the in-context
+  scores in the table and the chance level (``chance``); without them it is skipped.
 - ``not learned``: o < ``min_original``.
 - ``inconclusive``: the range o − c < ``min_gap``. Corrupting the key barely moves the
   answer, so no restore can show where the key's information went: a measurement without
@@ -34,11 +53,22 @@ LABELS = {
 }
 
 
+#: The label ``candidates only (no binding)``: the in-context accuracy it needs at least.
+CANDIDATES_MIN_IN_CONTEXT_ACCURACY = 0.9
+#: ... and how far (absolute, inclusive) the accuracy may be from the chance level.
+CHANCE_TOLERANCE = 0.05
+CANDIDATES_ONLY = "candidates only (no binding)"
+#: Float rounding allowance of the inclusive threshold comparisons (|0.3 − 0.25| ≠ 0.05).
+_EPS = 1e-12
+
+
 @dataclass(frozen=True)
 class Thresholds:
     min_original: float = 0.2
     min_gap: float = 0.05
     min_fraction: float = 0.5
+    min_in_context_accuracy: float = CANDIDATES_MIN_IN_CONTEXT_ACCURACY
+    chance_tolerance: float = CHANCE_TOLERANCE
 
 
 @dataclass(frozen=True)
@@ -50,14 +80,39 @@ class MechanismLabel:
     restored: dict[str, float] = field(default_factory=dict)
     recovered: dict[str, float] = field(default_factory=dict)
     thresholds: Thresholds = Thresholds()
+    #: on the original documents (None: the table has no such rows / no chance given)
+    accuracy: float | None = None
+    in_context_accuracy: float | None = None
+    in_context_mass: float | None = None
+    #: mean(1 / in-context candidates): the accuracy of a guess among them
+    chance: float | None = None
 
     @property
     def range(self) -> float:
         """original − corrupted: what the corruption removed, which restores can recover."""
         return self.original - self.corrupted
 
+    def binding_line(self) -> str:
+        """Accuracy beside the binding scores, in %: "" where they were not measured."""
+        if self.accuracy is None or self.in_context_accuracy is None:
+            return ""
+        line = (
+            f"accuracy {self.accuracy:.1%}, in-context accuracy {self.in_context_accuracy:.1%}, "
+            f"in-context mass {self.in_context_mass:.1%}"
+        )
+        if self.chance is not None:
+            line += f" (chance among the in-context candidates {self.chance:.1%})"
+        return line
+
     def __str__(self) -> str:
         parts = ", ".join(f"{r} {v:.0%}" for r, v in self.recovered.items())
+        if self.label == CANDIDATES_ONLY:
+            return (
+                f"{self.label} (in-context accuracy {self.in_context_accuracy:.3f}, accuracy "
+                f"{self.accuracy:.3f} at the chance of a guess among the in-context candidates "
+                f"{self.chance:.3f}; at {self.site}: original {self.original:.3f}, corrupted "
+                f"{self.corrupted:.3f}, recovered {parts})"
+            )
         return (
             f"{self.label} (at {self.site}: original {self.original:.3f}, corrupted "
             f"{self.corrupted:.3f}, range {self.range:.3f}; recovered {parts})"
@@ -68,16 +123,44 @@ def label_site(n_layers: int) -> str:
     return last_layer_input(n_layers) if n_layers >= 2 else layer_site(0, "output")
 
 
+def candidates_only(
+    accuracy: float, in_context_accuracy: float, chance: float, thresholds: Thresholds
+) -> bool:
+    """Whether the numbers read ``candidates only (no binding)`` (module docstring)."""
+    tolerance = thresholds.chance_tolerance
+    return (
+        in_context_accuracy >= thresholds.min_in_context_accuracy - _EPS
+        and abs(accuracy - chance) <= tolerance + _EPS
+        and in_context_accuracy - accuracy > tolerance + _EPS
+    )
+
+
 def label_mechanism(
-    table: pd.DataFrame, n_layers: int, thresholds: Thresholds = Thresholds()
+    table: pd.DataFrame,
+    n_layers: int,
+    thresholds: Thresholds = Thresholds(),
+    chance: float | None = None,
 ) -> MechanismLabel:
-    """Label from an interchange table (the engine's ``InterchangeResult.table``)."""
+    """Label from an interchange table (the engine's ``InterchangeResult.table``) and the
+    chance level of its documents (``tasks.scores.chance_level`` of their candidates)."""
     site = label_site(n_layers)
     likelihood = table[table.metric == "likelihood"]
 
     def one(condition: str) -> float:
         return float(likelihood[likelihood.condition == condition].value.iloc[0])
 
+    def at_original(metric: str) -> float | None:
+        rows = table[(table.metric == metric) & (table.condition == "original")]
+        return float(rows.value.iloc[0]) if len(rows) else None
+
+    accuracy = at_original("accuracy")
+    in_context_accuracy = at_original("in_context_accuracy")
+    binding = {
+        "accuracy": accuracy,
+        "in_context_accuracy": in_context_accuracy,
+        "in_context_mass": at_original("in_context_mass"),
+        "chance": chance,
+    }
     original, corrupted = one("original"), one("corrupted")
     at_site = likelihood[(likelihood.condition == "restored") & (likelihood.site == site)]
     restored = {r: float(v) for r, v in zip(at_site.role, at_site.value, strict=True)}
@@ -85,7 +168,14 @@ def label_mechanism(
     recovered = {
         r: (v - corrupted) / gap if gap > 1e-12 else 0.0 for r, v in restored.items() if r in LABELS
     }
-    if original < thresholds.min_original:
+    if (
+        accuracy is not None
+        and in_context_accuracy is not None
+        and chance is not None
+        and candidates_only(accuracy, in_context_accuracy, chance, thresholds)
+    ):
+        label = CANDIDATES_ONLY
+    elif original < thresholds.min_original:
         label = "not learned"
     elif gap < thresholds.min_gap:
         label = "inconclusive"
@@ -94,4 +184,6 @@ def label_mechanism(
     else:
         best = max(recovered, key=recovered.__getitem__)
         label = LABELS[best] if recovered[best] >= thresholds.min_fraction else "unclear"
-    return MechanismLabel(label, site, original, corrupted, restored, recovered, thresholds)
+    return MechanismLabel(
+        label, site, original, corrupted, restored, recovered, thresholds, **binding
+    )

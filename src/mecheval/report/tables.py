@@ -62,7 +62,7 @@ STRING_COLUMNS = (
     "role",
     "metric",
 )
-PERCENT_METRICS = frozenset({"likelihood", "accuracy"})
+PERCENT_METRICS = frozenset({"likelihood", "accuracy", "in_context_mass", "in_context_accuracy"})
 RESTORE_SITE = layer_site(LAST, "input")
 
 _T975 = (

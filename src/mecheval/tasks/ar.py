@@ -27,6 +27,7 @@ from mecheval.tasks.base import (
     TaskConfigBase,
     check_split,
     out_of_range,
+    present_ids,
     torch_generator,
 )
 from mecheval.tasks.batch import Batch
@@ -114,6 +115,13 @@ def max_length(cfg: ARConfig) -> int:
 
 def key_class(cfg: ARConfig) -> tuple[int, int]:
     return key_id(cfg, 0), key_id(cfg, cfg.n_keys)
+
+
+def answer_candidates(cfg: ARConfig, batch: Batch, vocab_size: int) -> torch.Tensor:
+    """The values of each document (its pairs', before the divider): what a model that
+    learned "answer with a value from the context" but not the key-value binding picks from.
+    Values are distinct within a document, so there are as many as pairs."""
+    return present_ids(batch, value_id(cfg, 0), value_id(cfg, cfg.n_values), vocab_size)
 
 
 def _has_duplicate(rows: torch.Tensor) -> torch.Tensor:
@@ -324,4 +332,5 @@ TASK = Task(
     quick_lrs={"mamba": 3e-3, "hyena": 3e-3},
     check_train_queries=check_train_queries,
     extend_queries=extend_queries,
+    answer_candidates=answer_candidates,
 )

@@ -43,6 +43,7 @@ from mecheval.tasks.base import (
     TaskConfigBase,
     check_split,
     numpy_rng,
+    present_ids,
 )
 from mecheval.tasks.batch import Batch
 from mecheval.tasks.no_context import edge_distribution, no_context_accuracy, optimal_guess
@@ -128,6 +129,20 @@ def max_length(cfg: ATRConfig) -> int:
 
 def key_class(cfg: ATRConfig) -> tuple[int, int]:
     return terminal_id(cfg, 0), terminal_id(cfg, cfg.n_terminals)
+
+
+def answer_candidates(cfg: ATRConfig, batch: Batch, vocab_size: int) -> torch.Tensor:
+    """The distinct terminals of each document's yield (positions before the divider).
+
+    The answer's class is *terminals*: a parent (grandparent, sibling) is named by its head
+    terminal, which sits at a yield position (``roles["value"]``); nonterminals have no
+    tokens. So the candidates are the terminals the document holds, the query's own terminal
+    included (it is in the yield, and a sibling query's answer can be the query itself).
+    Terminals repeat within a yield: each counts once, so the chance level is 1 / (distinct
+    terminals), not 1 / (yield length). The query-type tokens of ``query: mixed`` are not
+    terminals and never candidates.
+    """
+    return present_ids(batch, terminal_id(cfg, 0), terminal_id(cfg, cfg.n_terminals), vocab_size)
 
 
 @dataclass
@@ -444,4 +459,5 @@ TASK = Task(
     # ahead of the other architectures' 1e-3 curves when stopped (77 % at step 1,500), as on
     # AR. The others were not tried at 3e-3 at this preset and keep 1e-3.
     quick_lrs={"mamba": 3e-3, "based": 3e-3},
+    answer_candidates=answer_candidates,
 )

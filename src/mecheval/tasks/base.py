@@ -18,6 +18,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
+from mecheval.tasks.vocab import N_SPECIAL
+
 if TYPE_CHECKING:
     from mecheval.tasks.batch import Batch
     from mecheval.tasks.dataset import TaskDataset
@@ -80,6 +82,24 @@ def torch_generator(*entropy: int, two_words: bool = False) -> torch.Generator:
     return torch.Generator().manual_seed(seed & ((1 << 63) - 1))
 
 
+def present_ids(batch: Batch, lo: int, hi: int, vocab_size: int) -> torch.Tensor:
+    """[B, V] bool: True at the ids in [lo, hi) that occur in a document before its divider
+    (``roles["divider"]``): the helper for :attr:`Task.answer_candidates` hooks."""
+    tokens = batch.tokens
+    steps = torch.arange(tokens.shape[1], device=tokens.device)
+    before = steps[None, :] < batch.roles["divider"][:, None]
+    hit = before & (tokens >= lo) & (tokens < hi)
+    mask = torch.zeros(len(batch), vocab_size, dtype=torch.bool, device=tokens.device)
+    rows, cols = hit.nonzero(as_tuple=True)
+    mask[rows, tokens[rows, cols]] = True
+    return mask
+
+
+def context_ids(batch: Batch, vocab_size: int) -> torch.Tensor:
+    """The default answer candidates: every non-special id before the divider."""
+    return present_ids(batch, N_SPECIAL, vocab_size, vocab_size)
+
+
 #: (cfg, split, n documents, the task's shared state) -> the arrays of a TaskDataset:
 #: tokens, answer, roles, lengths, extras (and trees, for a task that keeps derivations).
 Generator = Callable[[Any, str, int, Any], dict[str, Any]]
@@ -127,3 +147,10 @@ class Task:
     #: the answer is the root's head), which interventions can leave out
     #: (``InterventionPlan.documents``); None: every document needs its key
     key_free: Callable[[Any, Batch], torch.Tensor] | None = None
+    #: (cfg, batch, vocabulary size) -> bool [B, V]: the answer candidates present in each
+    #: document, the ids of the answer's class that occur in its context (AR: the values
+    #: before the divider; ATR: the terminals of the yield); the answer should be one of them.
+    #: The binding scores (tasks/scores.py: in-context mass and accuracy) and the label
+    #: ``candidates only (no binding)`` read them. None: every non-special id before the
+    #: divider (:func:`context_ids`), right for a task whose context holds answers only.
+    answer_candidates: Callable[[Any, Batch, int], torch.Tensor] | None = None

@@ -25,6 +25,10 @@ class Batch:
     roles: dict[str, torch.Tensor]  # role -> [B] long positions into tokens
     lengths: torch.Tensor | None = None  # [B] long, number of real tokens (query position + 1)
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # task-specific per-doc data
+    #: [B, V] bool, True at the answer candidates present in each document (the task's
+    #: ``answer_candidates``: AR its values, ATR its yield's terminals); the binding scores
+    #: (tasks/scores.py) read them. None: not known (a batch built by hand).
+    candidates: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.tokens.dim() != 2:
@@ -39,6 +43,12 @@ class Batch:
                 raise ValueError(
                     f"Batch.roles[{role!r}]: expected shape [{size}], got {tuple(pos.shape)}"
                 )
+        if self.candidates is not None and (
+            self.candidates.dim() != 2 or self.candidates.shape[0] != size
+        ):
+            raise ValueError(
+                f"Batch.candidates: expected shape [{size}, V], got {tuple(self.candidates.shape)}"
+            )
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -62,6 +72,7 @@ class Batch:
             roles={k: v.to(device) for k, v in self.roles.items()},
             lengths=None if self.lengths is None else self.lengths.to(device),
             extras={k: v.to(device) for k, v in self.extras.items()},
+            candidates=None if self.candidates is None else self.candidates.to(device),
         )
 
     def select(self, index: torch.Tensor | slice) -> Batch:
@@ -72,8 +83,13 @@ class Batch:
             roles={k: v[index] for k, v in self.roles.items()},
             lengths=None if self.lengths is None else self.lengths[index],
             extras={k: v[index] for k, v in self.extras.items()},
+            candidates=None if self.candidates is None else self.candidates[index],
         )
 
     def with_tokens(self, tokens: torch.Tensor) -> Batch:
-        """The same documents and roles over other tokens (a counterfactual)."""
-        return Batch(tokens, self.answer, dict(self.roles), self.lengths, dict(self.extras))
+        """The same documents and roles over other tokens (a counterfactual). The candidates
+        stay the original documents': a corrupted document is scored against the candidates of
+        the document it was made from (so in-context mass >= likelihood in every condition)."""
+        return Batch(
+            tokens, self.answer, dict(self.roles), self.lengths, dict(self.extras), self.candidates
+        )

@@ -15,16 +15,16 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from mecheval.io import atomic_save_safetensors
-from mecheval.tasks.base import SPLITS, TaskConfigBase
+from mecheval.tasks.base import SPLITS, TaskConfigBase, context_ids
 from mecheval.tasks.batch import ROLES, Batch
-from mecheval.tasks.registry import max_length, task_of, token_names
+from mecheval.tasks.registry import max_length, task_of, token_names, vocab_size
 
 #: Bump when generation changes, so stale caches are never reused.
 #: 2: rules are a head slot plus 1..L_max-1 symbols, yields under 3 symbols are rejected,
@@ -53,17 +53,19 @@ class TaskDataset:
         return token_names(self.cfg)
 
     def batch(self, indices: torch.Tensor) -> Batch:
-        """The documents at ``indices``, padding trimmed to the batch's longest."""
+        """The documents at ``indices``, padding trimmed to the batch's longest, with their
+        answer candidates (the task's ``answer_candidates``)."""
         indices = torch.as_tensor(indices, dtype=torch.long)
         lengths = self.lengths[indices]
         width = int(lengths.max()) if len(indices) else 1
-        return Batch(
+        batch = Batch(
             tokens=self.tokens[indices, :width],
             answer=self.answer[indices],
             roles={r: self.roles[r][indices] for r in ROLES},
             lengths=lengths,
             extras={k: v[indices] for k, v in self.extras.items()},
         )
+        return replace(batch, candidates=answer_candidates(self.cfg, batch))
 
     def iter_batches(
         self,
@@ -129,6 +131,14 @@ class TaskDataset:
             raise ValueError("roles")
         if self.trees is not None:
             self.trees.check(n)
+
+
+def answer_candidates(cfg: TaskConfigBase, batch: Batch) -> torch.Tensor:
+    """[B, V] bool: the answer candidates present in each document of ``batch`` (the task's
+    ``answer_candidates`` hook, or every non-special id before the divider)."""
+    hook = task_of(cfg).answer_candidates
+    size = vocab_size(cfg)
+    return context_ids(batch, size) if hook is None else hook(cfg, batch, size)
 
 
 def config_hash(cfg: TaskConfigBase) -> str:

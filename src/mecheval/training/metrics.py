@@ -1,7 +1,10 @@
-"""Behavioural metrics (paper §4.2): likelihood of the answer, accuracy, and loss.
+"""Behavioural metrics (paper §4.2): likelihood of the answer, accuracy, and loss, plus the
+binding scores (issue #14).
 
 Given the predicted distribution ŷ at the query and the true answer i: likelihood ŷ_i,
-accuracy 1[argmax ŷ = i], loss -log ŷ_i, each averaged over a split. Also the tidy
+accuracy 1[argmax ŷ = i], loss -log ŷ_i, in-context mass Σ_{c in C} ŷ_c and in-context
+accuracy 1[argmax ŷ ∈ C] over the answer candidates C present in the document (batches
+without candidates leave those two out), each averaged over a split (tasks/scores.py). Also the tidy
 ``metrics.csv`` (step, split, metric, value) a run writes as it trains.
 """
 
@@ -47,8 +50,10 @@ def multi_answer_loss(
 
 @torch.no_grad()
 def batch_scores(model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
-    """Per-document scores (likelihood, accuracy, loss), each [B] float64."""
-    return answer_scores(model(batch.tokens, at=batch.query), batch.answer)
+    """Per-document scores (tasks/scores.py's SCORES), each [B] float64."""
+    return answer_scores(
+        model(batch.tokens, at=batch.query), batch.answer, candidates=batch.candidates
+    )
 
 
 def eval_batches(dataset: TaskDataset, batch_size: int, device: torch.device | str) -> list[Batch]:

@@ -127,3 +127,7 @@ class Task:
     #: the answer is the root's head), which interventions can leave out
     #: (``InterventionPlan.documents``); None: every document needs its key
     key_free: Callable[[Any, Batch], torch.Tensor] | None = None
+    #: roles beyond the shared ones (tasks/batch.py's ROLES) that the task's documents carry
+    #: (overwrite AR: stale_key, stale_value); datasets keep them and interventions restore
+    #: at them too
+    extra_roles: tuple[str, ...] = ()

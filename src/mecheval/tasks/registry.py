@@ -13,6 +13,7 @@ from typing import Any
 from mecheval.errors import ConfigError, validate
 from mecheval.tasks import ar, atr
 from mecheval.tasks.base import Task, TaskConfigBase
+from mecheval.tasks.batch import ROLES
 from mecheval.tasks.vocab import SPECIAL_NAMES
 
 TASKS: dict[str, Task] = {}
@@ -51,6 +52,11 @@ def parse_task(data: Any, prefix: str = "task") -> TaskConfigBase:
     if "kind" not in data:
         raise ConfigError(f"{prefix}.kind: missing (expected one of: {', '.join(TASKS)})")
     return validate(get_task(str(data["kind"])).config, data, prefix=prefix)
+
+
+def roles_of(cfg: TaskConfigBase) -> tuple[str, ...]:
+    """The roles of the task's documents: the shared ROLES, then the task's own."""
+    return (*ROLES, *task_of(cfg).extra_roles)
 
 
 def token_names(cfg: TaskConfigBase) -> list[str]:

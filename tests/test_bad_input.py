@@ -103,6 +103,7 @@ class Case:
 
 TINY = ("train", "--preset", "tiny", "--out", "runs", "-q")
 MAMBA = (*TINY, "--arch", "mamba")
+NOISY = (*TINY, "--task", "noisy_ar")
 REPRO = ("reproduce", "ar", "--preset", "tiny", "--out", "runs", "-q")
 
 CASES = [
@@ -139,6 +140,13 @@ CASES = [
     Case("vocab below the task's", (*TINY, "--set", "model.vocab_size=3"), "model.vocab_size"),
     Case("max_len below the task's", (*TINY, "--set", "model.max_len=2"), "model.max_len"),
     Case("more pairs than keys", (*TINY, "--set", "task.n_pairs=1000"), "task.n_pairs"),
+    Case("noise fraction one", (*NOISY, "--set", "task.noise_fraction=1"), "task.noise_fraction"),
+    Case(
+        "noise fraction negative",
+        (*NOISY, "--set", "task.noise_fraction=-0.1"),
+        "task.noise_fraction",
+    ),
+    Case("more slots than keys", (*NOISY, "--set", "task.n_slots=1000"), "task.n_slots"),
     Case("unknown training field", (*TINY, "--set", "training.lrr=1"), "training.lrr"),
     Case("unknown task field", (*TINY, "--set", "task.nosuch=1"), "task.nosuch"),
     Case("--set without =", (*TINY, "--set", "training.lr"), "--set"),

@@ -25,6 +25,7 @@ NAMES = [
     "layer-count",
     "sibling",
     "emergence",
+    "noisy-ar-restore",
 ]
 
 

@@ -258,6 +258,13 @@ def _catalog() -> dict[str, Experiment]:
             ("atr-restore",),
             fixed={"task.query": "grandparent"},
         ),
+        Experiment(
+            "noisy-ar",
+            "Noisy AR, MAD's noisy recall (issue #14)",
+            "noisy_ar",
+            {"model.architecture": archs},
+            ("noisy-ar-restore",),
+        ),
     ]
     return {e.name: e for e in experiments}
 

@@ -421,3 +421,10 @@ def emergence(df: pd.DataFrame) -> Curves:
         measures=[m.label for m in measures],
         runs=rel,
     )
+
+
+# ---------------------------------------------------------------------------- task family
+@figure("noisy-ar-restore")
+def noisy_ar_restore(df: pd.DataFrame) -> Heatmaps:
+    """Noisy AR (issue #14): as Fig. 3, restored @ key, value, query."""
+    return _restore(df, "noisy_ar", "Noisy AR")

@@ -104,6 +104,7 @@ class Case:
 TINY = ("train", "--preset", "tiny", "--out", "runs", "-q")
 MAMBA = (*TINY, "--arch", "mamba")
 NOISY = (*TINY, "--task", "noisy_ar")
+OVERWRITE = (*TINY, "--task", "overwrite_ar")
 REPRO = ("reproduce", "ar", "--preset", "tiny", "--out", "runs", "-q")
 
 CASES = [
@@ -147,6 +148,13 @@ CASES = [
         "task.noise_fraction",
     ),
     Case("more slots than keys", (*NOISY, "--set", "task.n_slots=1000"), "task.n_slots"),
+    Case("more updates than pairs", (*OVERWRITE, "--set", "task.n_updates=3"), "task.n_updates"),
+    Case(
+        "more pairs than keys (overwrite)", (*OVERWRITE, "--set", "task.n_pairs=9"), "task.n_pairs"
+    ),
+    Case(
+        "query share above one", (*OVERWRITE, "--set", "task.query_updated=2"), "task.query_updated"
+    ),
     Case("unknown training field", (*TINY, "--set", "training.lrr=1"), "training.lrr"),
     Case("unknown task field", (*TINY, "--set", "task.nosuch=1"), "task.nosuch"),
     Case("--set without =", (*TINY, "--set", "training.lr"), "--set"),

@@ -26,6 +26,7 @@ NAMES = [
     "sibling",
     "emergence",
     "noisy-ar-restore",
+    "overwrite-ar-restore",
 ]
 
 

@@ -1,7 +1,7 @@
-"""The task family of issue #14 beyond AR and ATR: noisy AR (tasks/noisy_ar.py). Each document
-is checked against a naive reading of its tokens, the roles against the tokens they name,
-corruption against the one token it may change, the generators against their seeds, and the
-noise fraction against binomial bounds."""
+"""The task family of issue #14 beyond AR and ATR: noisy AR (tasks/noisy_ar.py) and overwrite AR
+(tasks/overwrite_ar.py). Each document is checked against a naive reading of its tokens, the
+roles against the tokens they name, corruption against the one token it may change, the
+generators against their seeds, and the noise fraction against binomial bounds."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from mecheval.errors import ConfigError
-from mecheval.tasks import SPLITS, build_datasets, corrupt, get_task, parse_task, token_names
+from mecheval.tasks import ROLES, SPLITS, build_datasets, corrupt, get_task, parse_task, token_names
 from mecheval.tasks.noisy_ar import NoisyARConfig
+from mecheval.tasks.overwrite_ar import OverwriteARConfig
 from mecheval.tasks.vocab import BOS, DIV, N_SPECIAL
 
 
@@ -130,13 +131,128 @@ def test_noisy_ar_impossible_parameters(data: dict, field: str, says: str) -> No
     assert "\n" not in message and message.startswith(field) and says in message, message
 
 
-@pytest.mark.parametrize("kind", ["noisy_ar"])
+# ------------------------------------------------------------------------------ overwrite AR
+def overwrite_cfg(**kw) -> OverwriteARConfig:
+    base = {"n_keys": 9, "n_values": 11, "n_pairs": 5, "n_updates": 3, "query_updated": 1.0}
+    base.update({"n_train": 300, "n_dev": 40, "n_test": 40})
+    base.update(kw)
+    return OverwriteARConfig(**base)
+
+
+@pytest.mark.parametrize("share", [1.0, 0.5, 0.0])
+def test_overwrite_ar_answer_is_the_latest_value_by_a_naive_reading(share: float) -> None:
+    cfg = overwrite_cfg(query_updated=share)
+    ds = build_datasets(cfg)["train"]
+    assert set(ds.roles) == {*ROLES, "stale_key", "stale_value"}
+    twice_count = 0
+    for i in range(len(ds)):
+        doc = names_of(cfg, ds.document(i))
+        slots = cfg.n_pairs + cfg.n_updates
+        assert len(doc) == 2 * slots + 3 and doc[-2] == "<div>"
+        pairs = [(doc[1 + 2 * j], doc[2 + 2 * j]) for j in range(slots)]
+        assert all(k[0] == "k" and v[0] == "v" for k, v in pairs)
+        firsts = [k for k, _ in pairs[: cfg.n_pairs]]
+        updates = [k for k, _ in pairs[cfg.n_pairs :]]
+        assert len(set(firsts)) == cfg.n_pairs  # distinct keys, then some of them again
+        assert len(set(updates)) == cfg.n_updates and set(updates) <= set(firsts)
+        assert len({v for _, v in pairs}) == slots  # every value distinct
+        query = doc[-1]
+        latest = dict(pairs)[query]  # a dict keeps the last value written: latest wins
+        assert token_names(cfg)[int(ds.answer[i])] == latest
+        occurrences = [2 * j + 1 for j, (k, _) in enumerate(pairs) if k == query]
+        roles = {r: int(p[i]) for r, p in ds.roles.items()}
+        assert roles["key"] == occurrences[-1] and roles["stale_key"] == occurrences[0]
+        assert doc[roles["value"]] == latest and roles["value"] == roles["key"] + 1
+        assert roles["stale_value"] == roles["stale_key"] + 1
+        assert roles["next_key"] == roles["key"] + 2
+        assert doc[roles["divider"]] == "<div>" and roles["query"] == len(doc) - 1
+        twice = len(occurrences) == 2
+        assert int(ds.extras["overwritten"][i]) == twice
+        if twice:
+            # The stale and the latest value differ; the answer is the latest.
+            assert doc[roles["stale_value"]] != doc[roles["value"]]
+            assert roles["stale_key"] < roles["key"]
+            twice_count += 1
+    if share == 1.0:
+        assert twice_count == len(ds)
+    elif share == 0.0:
+        assert twice_count == 0
+    else:  # Binomial(300, 0.5): within 5 sd
+        assert abs(twice_count - 150) <= 5 * math.sqrt(75)
+
+
+def test_overwrite_ar_corrupts_only_the_latest_key_occurrence() -> None:
+    cfg = overwrite_cfg()
+    batch = build_datasets(cfg)["dev"].batch(torch.arange(40))
+    assert set(batch.roles) >= {"stale_key", "stale_value"}
+    bad = corrupt(batch, cfg, seed=3)
+    rows = torch.arange(40)
+    changed = (bad.tokens != batch.tokens).nonzero()
+    assert torch.equal(changed[:, 0], rows) and torch.equal(changed[:, 1], batch.roles["key"])
+    new = bad.tokens[rows, batch.roles["key"]]
+    assert bool(((new >= N_SPECIAL) & (new < N_SPECIAL + cfg.n_keys)).all())
+    assert bool(((batch.tokens == new[:, None]).sum(1) == 0).all())
+    # The stale occurrence still holds the query key.
+    stale = bad.tokens[rows, batch.roles["stale_key"]]
+    assert torch.equal(stale, bad.tokens[rows, batch.roles["query"]])
+
+
+def test_overwrite_ar_is_a_function_of_its_seed_and_keeps_its_roles_in_the_cache(tmp_path) -> None:
+    a, b = build_datasets(overwrite_cfg()), build_datasets(overwrite_cfg(), tmp_path)
+    cached = build_datasets(overwrite_cfg(), tmp_path)  # loaded back from the file
+    other = build_datasets(overwrite_cfg(seed=2))
+    for split in SPLITS:
+        for ds in (b[split], cached[split]):
+            assert torch.equal(a[split].tokens, ds.tokens)
+            assert torch.equal(a[split].answer, ds.answer)
+            assert a[split].roles.keys() == ds.roles.keys()
+            assert all(torch.equal(a[split].roles[r], ds.roles[r]) for r in a[split].roles)
+    assert not torch.equal(a["train"].tokens, other["train"].tokens)
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "says"),
+    [
+        ({"n_pairs": 10, "n_keys": 9}, "task.n_pairs", "1..9"),
+        ({"n_pairs": 5, "n_values": 8, "n_updates": 4}, "task.n_updates", "1..3"),
+        ({"n_pairs": 3, "n_updates": 4}, "task.n_updates", "1..3"),
+        ({"n_updates": 0}, "task.n_updates", "greater than or equal to 1"),
+        ({"query_updated": 1.5}, "task.query_updated", "0 <= query_updated <= 1"),
+        ({"query_updated": -0.5}, "task.query_updated", "0 <= query_updated <= 1"),
+        ({"n_pairs": 4, "n_updates": 4, "query_updated": 0.5}, "task.query_updated", "n_updates"),
+    ],
+)
+def test_overwrite_ar_impossible_parameters(data: dict, field: str, says: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_task({"kind": "overwrite_ar", **data})
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(field) and says in message, message
+
+
+# ------------------------------------------------------------------------------- both, CLI
+@pytest.mark.parametrize("kind", ["noisy_ar", "overwrite_ar"])
 def test_task_show_and_stats(kind: str, monkeypatch, capsys) -> None:
     from small_runs import run_cli
 
     code, out, _ = run_cli(monkeypatch, capsys, "task", "show", kind, "-n", "3")
     assert code == 0, out
     assert out.count("<bos>") == 3 and "[key" in out and "[query:" in out
+    if kind == "overwrite_ar":
+        assert "stale_key" in out and "overwrites v" in out
     code, out, _ = run_cli(monkeypatch, capsys, "task", "stats", kind, "-n", "200")
     assert code == 0, out
-    assert "noise fraction" in out
+    assert ("noise fraction" if kind == "noisy_ar" else "stale-latest key distance") in out
+
+
+def test_overwrite_ar_trains_and_restores_at_its_stale_roles(tmp_path) -> None:
+    from mecheval.experiments.mechanisms import InterventionPlan, intervene_run
+    from mecheval.training.config import config_from_data, resolve
+    from mecheval.training.presets import preset
+    from mecheval.training.run import train
+
+    cfg = resolve(config_from_data(preset("tiny", "overwrite_ar", "attention"), ["name=o"]))
+    assert train(cfg, tmp_path / "o")["state"] == "done"
+    measured = intervene_run(tmp_path / "o", InterventionPlan(split="dev"))
+    assert measured is not None
+    roles = list(dict.fromkeys(measured.rows["role"].dropna()))
+    assert [r for r in roles if r] == [*ROLES, "stale_key", "stale_value"]

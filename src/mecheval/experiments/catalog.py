@@ -265,6 +265,13 @@ def _catalog() -> dict[str, Experiment]:
             {"model.architecture": archs},
             ("noisy-ar-restore",),
         ),
+        Experiment(
+            "overwrite-ar",
+            "Overwrite AR, latest wins: zoology's forgetting MQAR with one query (issue #14)",
+            "overwrite_ar",
+            {"model.architecture": archs},
+            ("overwrite-ar-restore",),
+        ),
     ]
     return {e.name: e for e in experiments}
 

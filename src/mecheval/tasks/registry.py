@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from mecheval.errors import ConfigError, validate
-from mecheval.tasks import ar, atr, noisy_ar
+from mecheval.tasks import ar, atr, noisy_ar, overwrite_ar
 from mecheval.tasks.base import Task, TaskConfigBase
 from mecheval.tasks.batch import ROLES
 from mecheval.tasks.vocab import SPECIAL_NAMES
@@ -29,6 +29,7 @@ def register_task(task: Task) -> Task:
 register_task(ar.TASK)
 register_task(atr.TASK)
 register_task(noisy_ar.TASK)
+register_task(overwrite_ar.TASK)
 
 
 def get_task(kind: str) -> Task:

@@ -196,8 +196,12 @@ def stats(ds: TaskDataset) -> dict[str, torch.Tensor]:
 
 
 # --------------------------------------------------------------------------------- presets
-# quick: AR's quick recipe (16 keys, 16 values, init_std 0.1, one epoch of 100,032 documents)
-# with 4 pairs of which 2 are overwritten (6 slots, 12 context tokens).
+# quick: AR's quick recipe (16 keys, 16 values, init_std 0.1) with 3 pairs of which 1 is
+# overwritten (4 slots: AR quick's 8 context tokens), half the queries on the overwritten key,
+# and 3 epochs. Measured (docs/tasks.md): in one epoch attention stays at the plateau (dev
+# accuracy 0.52: the overwritten key's latest value right, the others not; 0.54 with 4 pairs
+# and 2 updates, all queries overwritten; lr 3e-3 no better); with 3 epochs it reaches
+# >= 97 % dev accuracy at step 2,500 and 100 % at the end.
 PRESETS = {
     "paper": {
         "task": {"kind": "overwrite_ar"},
@@ -209,11 +213,12 @@ PRESETS = {
             "kind": "overwrite_ar",
             "n_keys": 16,
             "n_values": 16,
-            "n_pairs": 4,
-            "n_updates": 2,
+            "n_pairs": 3,
+            "n_updates": 1,
+            "query_updated": 0.5,
         },
         "model": {"d_model": 64, "n_layers": 2, "init_std": 0.1},
-        "training": {"lr": 1e-3, "batch_size": 32, "epochs": 1, "eval_every": 250},
+        "training": {"lr": 1e-3, "batch_size": 32, "epochs": 3, "eval_every": 250},
     },
     "tiny": {
         "task": {

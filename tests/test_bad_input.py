@@ -103,6 +103,8 @@ class Case:
 
 TINY = ("train", "--preset", "tiny", "--out", "runs", "-q")
 MAMBA = (*TINY, "--arch", "mamba")
+NOISY = (*TINY, "--task", "noisy_ar")
+OVERWRITE = (*TINY, "--task", "overwrite_ar")
 REPRO = ("reproduce", "ar", "--preset", "tiny", "--out", "runs", "-q")
 
 CASES = [
@@ -139,6 +141,20 @@ CASES = [
     Case("vocab below the task's", (*TINY, "--set", "model.vocab_size=3"), "model.vocab_size"),
     Case("max_len below the task's", (*TINY, "--set", "model.max_len=2"), "model.max_len"),
     Case("more pairs than keys", (*TINY, "--set", "task.n_pairs=1000"), "task.n_pairs"),
+    Case("noise fraction one", (*NOISY, "--set", "task.noise_fraction=1"), "task.noise_fraction"),
+    Case(
+        "noise fraction negative",
+        (*NOISY, "--set", "task.noise_fraction=-0.1"),
+        "task.noise_fraction",
+    ),
+    Case("more slots than keys", (*NOISY, "--set", "task.n_slots=1000"), "task.n_slots"),
+    Case("more updates than pairs", (*OVERWRITE, "--set", "task.n_updates=3"), "task.n_updates"),
+    Case(
+        "more pairs than keys (overwrite)", (*OVERWRITE, "--set", "task.n_pairs=9"), "task.n_pairs"
+    ),
+    Case(
+        "query share above one", (*OVERWRITE, "--set", "task.query_updated=2"), "task.query_updated"
+    ),
     Case("unknown training field", (*TINY, "--set", "training.lrr=1"), "training.lrr"),
     Case("unknown task field", (*TINY, "--set", "task.nosuch=1"), "task.nosuch"),
     Case("--set without =", (*TINY, "--set", "training.lr"), "--set"),

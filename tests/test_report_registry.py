@@ -25,6 +25,8 @@ NAMES = [
     "layer-count",
     "sibling",
     "emergence",
+    "noisy-ar-restore",
+    "overwrite-ar-restore",
 ]
 
 

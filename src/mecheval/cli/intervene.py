@@ -35,7 +35,7 @@ def intervene_command(
     from mecheval.interventions import restore_view
     from mecheval.interventions.engine import RESTORE_METRICS
     from mecheval.models import site_names
-    from mecheval.tasks import ROLES
+    from mecheval.tasks.registry import roles_of
     from mecheval.training.folder import load_run
 
     if split not in ("dev", "test"):
@@ -50,9 +50,10 @@ def intervene_command(
     for site in sites or []:
         if site not in known:
             raise ConfigError(f"--sites: {site!r} is not a site of this model ({', '.join(known)})")
+    task_roles = roles_of(cfg.task)
     for role in roles or []:
-        if role not in ROLES:
-            raise ConfigError(f"--roles: unknown {role!r} (expected: {', '.join(ROLES)})")
+        if role not in task_roles:
+            raise ConfigError(f"--roles: unknown {role!r} (expected: {', '.join(task_roles)})")
     plan = InterventionPlan(
         sites=tuple(sites) if sites else None,
         roles=tuple(roles) if roles else None,

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from mecheval.cli import HELP_MARKUP, CommandGroup, app
 from mecheval.errors import ConfigError
-from mecheval.tasks import ROLES, SPLITS, TASKS, TaskConfig, build_datasets, task_of, token_names
+from mecheval.tasks import SPLITS, TASKS, TaskConfig, build_datasets, task_of, token_names
 from mecheval.tasks.registry import parse_task
 from mecheval.tasks.stats import dataset_stats
 
@@ -30,6 +30,8 @@ ROLE_STYLE = {
     "next_key": "cyan",
     "divider": "magenta",
     "query": "bold yellow",
+    "stale_key": "red",
+    "stale_value": "green",
 }
 _SET_HELP = "override a task field, e.g. n_pairs=4 or task.n_pairs=4 (repeatable)"
 
@@ -83,8 +85,8 @@ def show(
     colour = console.is_terminal
     for i in range(len(ds)):
         marks: dict[int, list[str]] = {}
-        for role in ROLES:
-            marks.setdefault(int(ds.roles[role][i]), []).append(role)
+        for role, positions in ds.roles.items():
+            marks.setdefault(int(positions[i]), []).append(role)
         parts = []
         for pos, tok in enumerate(ds.document(i)):
             name = escape(names[tok])
@@ -92,7 +94,7 @@ def show(
             if not roles:
                 parts.append(name)
             elif colour:
-                parts.append(f"[{ROLE_STYLE[roles[0]]}]{name}[/]")
+                parts.append(f"[{ROLE_STYLE.get(roles[0], 'bold')}]{name}[/]")
             else:
                 parts.append(escape(f"[{','.join(roles)}:{names[tok]}]"))
         answer = escape(names[int(ds.answer[i])])
@@ -100,7 +102,7 @@ def show(
         # soft_wrap: one document per line when piped, so the output greps and diffs cleanly.
         console.print(f"{i}: " + " ".join(parts) + f" -> {answer}{extra}", soft_wrap=True)
     if colour:
-        legend = "  ".join(f"[{style}]{role}[/]" for role, style in ROLE_STYLE.items())
+        legend = "  ".join(f"[{ROLE_STYLE.get(role, 'bold')}]{role}[/]" for role in ds.roles)
         console.print("roles: " + legend)
 
 

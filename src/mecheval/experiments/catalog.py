@@ -258,6 +258,20 @@ def _catalog() -> dict[str, Experiment]:
             ("atr-restore",),
             fixed={"task.query": "grandparent"},
         ),
+        Experiment(
+            "noisy-ar",
+            "Noisy AR, MAD's noisy recall (issue #14)",
+            "noisy_ar",
+            {"model.architecture": archs},
+            ("noisy-ar-restore",),
+        ),
+        Experiment(
+            "overwrite-ar",
+            "Overwrite AR, latest wins: zoology's forgetting MQAR with one query (issue #14)",
+            "overwrite_ar",
+            {"model.architecture": archs},
+            ("overwrite-ar-restore",),
+        ),
     ]
     return {e.name: e for e in experiments}
 

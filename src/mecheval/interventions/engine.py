@@ -140,7 +140,7 @@ def interchange(
 ) -> InterchangeResult:
     """Restore each (site, role) from ``original`` into ``corrupted``; see the module doc."""
     sites = list(sites) if sites is not None else site_names(model)
-    roles = list(roles) if roles is not None else list(ROLES)
+    roles = list(roles) if roles is not None else batch_roles(original)
     _check(original, corrupted, roles)
     n = len(original)
     answer, candidates, metrics = original.answer, original.candidates, _metrics(original)
@@ -219,7 +219,7 @@ def naive_interchange(
 ) -> InterchangeResult:
     """The plain reference: one forward per (site, role, document) through :func:`patch`."""
     sites = list(sites) if sites is not None else site_names(model)
-    roles = list(roles) if roles is not None else list(ROLES)
+    roles = list(roles) if roles is not None else batch_roles(original)
     _check(original, corrupted, roles)
     candidates, metrics = original.candidates, _metrics(original)
     s_orig = _scores(model(original.tokens, at=original.query), original.answer, candidates)
@@ -251,6 +251,12 @@ def naive_interchange(
     return InterchangeResult(table, examples)
 
 
+def batch_roles(batch: Batch) -> list[str]:
+    """Every role of ``batch``: the shared ROLES in their order, then the task's own
+    (overwrite AR's stale_key, stale_value)."""
+    return [*(r for r in ROLES if r in batch.roles), *(r for r in batch.roles if r not in ROLES)]
+
+
 def _baseline_rows(
     s_orig: torch.Tensor, s_corr: torch.Tensor, metrics: Sequence[str]
 ) -> list[tuple[str, str, str, str, float]]:
@@ -269,4 +275,7 @@ def _check(original: Batch, corrupted: Batch, roles: Sequence[str]) -> None:
         )
     for role in roles:
         if role not in original.roles or role not in corrupted.roles:
-            raise ValueError(f"roles: {role!r} is not a role of these batches ({', '.join(ROLES)})")
+            raise ValueError(
+                f"roles: {role!r} is not a role of these batches "
+                f"({', '.join(batch_roles(original))})"
+            )

@@ -14,7 +14,8 @@ def restore_view(table: pd.DataFrame, metric: str = "likelihood") -> pd.DataFram
     corrupted = float(rows[rows.condition == "corrupted"].value.iloc[0])
     restored = rows[rows.condition == "restored"]
     order = list(dict.fromkeys(restored.site))
-    roles = [r for r in ROLES if r in set(restored.role)]
+    present = list(dict.fromkeys(restored.role))
+    roles = [r for r in ROLES if r in present] + [r for r in present if r not in ROLES]
     view = restored.pivot(index="site", columns="role", values="value").reindex(order)[roles]
     view.columns = [f"@ {r}" for r in roles]
     view.insert(0, "Corrupted", corrupted)

@@ -76,7 +76,12 @@ def site_title(df: pd.DataFrame, site: str) -> str:
     return f"{', '.join(names)} ({prose})" if names and names != [prose] else prose
 
 
-def _restore(df: pd.DataFrame, kind: str, figure_label: str) -> Heatmaps:
+def _restore(
+    df: pd.DataFrame,
+    kind: str,
+    figure_label: str,
+    roles: tuple[str, ...] = ("key", "value", "query"),
+) -> Heatmaps:
     rel = standard(of_kind(df, kind))
     if rel.empty or not has_site(rel, RESTORE_SITE):
         raise NoData(
@@ -87,7 +92,7 @@ def _restore(df: pd.DataFrame, kind: str, figure_label: str) -> Heatmaps:
         f"{figure_label}: likelihood of the answer, original, key corrupted, and restored at "
         f"{site_title(rel, RESTORE_SITE)}"
     )
-    return Heatmaps(title, [by_arch([(rel, restore_measures())])], rel)
+    return Heatmaps(title, [by_arch([(rel, restore_measures(roles=roles))])], rel)
 
 
 @figure("ar-restore")
@@ -421,3 +426,18 @@ def emergence(df: pd.DataFrame) -> Curves:
         measures=[m.label for m in measures],
         runs=rel,
     )
+
+
+# ---------------------------------------------------------------------------- task family
+@figure("noisy-ar-restore")
+def noisy_ar_restore(df: pd.DataFrame) -> Heatmaps:
+    """Noisy AR (issue #14): as Fig. 3, restored @ key, value, query."""
+    return _restore(df, "noisy_ar", "Noisy AR")
+
+
+@figure("overwrite-ar-restore")
+def overwrite_ar_restore(df: pd.DataFrame) -> Heatmaps:
+    """Overwrite AR (issue #14): as Fig. 3, restored @ key, value, query (the latest
+    occurrence) and @ stale key, stale value (the overwritten one)."""
+    roles = ("key", "value", "query", "stale_key", "stale_value")
+    return _restore(df, "overwrite_ar", "Overwrite AR", roles)

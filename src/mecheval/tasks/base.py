@@ -154,3 +154,7 @@ class Task:
     #: ``candidates only (no binding)`` read them. None: every non-special id before the
     #: divider (:func:`context_ids`), right for a task whose context holds answers only.
     answer_candidates: Callable[[Any, Batch, int], torch.Tensor] | None = None
+    #: roles beyond the shared ones (tasks/batch.py's ROLES) that the task's documents carry
+    #: (overwrite AR: stale_key, stale_value); datasets keep them and interventions restore
+    #: at them too
+    extra_roles: tuple[str, ...] = ()

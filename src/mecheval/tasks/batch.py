@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-#: Role names, in the order reports show them. Each maps to one position per document.
+#: Role names every task's documents carry, in the order reports show them. Each maps to one
+#: position per document. A task may add its own after these (``Task.extra_roles``, e.g.
+#: overwrite AR's stale_key and stale_value; ``registry.roles_of``).
 ROLES: tuple[str, ...] = ("key", "value", "next_key", "divider", "query")
 
 

@@ -23,8 +23,8 @@ import torch
 
 from mecheval.io import atomic_save_safetensors
 from mecheval.tasks.base import SPLITS, TaskConfigBase, context_ids
-from mecheval.tasks.batch import ROLES, Batch
-from mecheval.tasks.registry import max_length, task_of, token_names, vocab_size
+from mecheval.tasks.batch import Batch
+from mecheval.tasks.registry import max_length, roles_of, task_of, token_names, vocab_size
 
 #: Bump when generation changes, so stale caches are never reused.
 #: 2: rules are a head slot plus 1..L_max-1 symbols, yields under 3 symbols are rejected,
@@ -61,7 +61,7 @@ class TaskDataset:
         batch = Batch(
             tokens=self.tokens[indices, :width],
             answer=self.answer[indices],
-            roles={r: self.roles[r][indices] for r in ROLES},
+            roles={r: pos[indices] for r, pos in self.roles.items()},
             lengths=lengths,
             extras={k: v[indices] for k, v in self.extras.items()},
         )
@@ -109,7 +109,7 @@ class TaskDataset:
             split=split,
             tokens=t["tokens"],
             answer=t["answer"],
-            roles={r: t[f"roles.{r}"] for r in ROLES},
+            roles={r: t[f"roles.{r}"] for r in roles_of(cfg)},
             lengths=t["lengths"],
             extras={k[len("extras.") :]: v for k, v in t.items() if k.startswith("extras.")},
             trees=trees,

@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from mecheval.errors import ConfigError, validate
-from mecheval.tasks import ar, atr
+from mecheval.tasks import ar, atr, noisy_ar, overwrite_ar
 from mecheval.tasks.base import Task, TaskConfigBase
+from mecheval.tasks.batch import ROLES
 from mecheval.tasks.vocab import SPECIAL_NAMES
 
 TASKS: dict[str, Task] = {}
@@ -27,6 +28,8 @@ def register_task(task: Task) -> Task:
 
 register_task(ar.TASK)
 register_task(atr.TASK)
+register_task(noisy_ar.TASK)
+register_task(overwrite_ar.TASK)
 
 
 def get_task(kind: str) -> Task:
@@ -51,6 +54,11 @@ def parse_task(data: Any, prefix: str = "task") -> TaskConfigBase:
     if "kind" not in data:
         raise ConfigError(f"{prefix}.kind: missing (expected one of: {', '.join(TASKS)})")
     return validate(get_task(str(data["kind"])).config, data, prefix=prefix)
+
+
+def roles_of(cfg: TaskConfigBase) -> tuple[str, ...]:
+    """The roles of the task's documents: the shared ROLES, then the task's own."""
+    return (*ROLES, *task_of(cfg).extra_roles)
 
 
 def token_names(cfg: TaskConfigBase) -> list[str]:

@@ -26,6 +26,7 @@ from mecheval.tasks.base import (
     Task,
     TaskConfigBase,
     check_split,
+    fits_distinct_pairs,
     out_of_range,
     present_ids,
     torch_generator,
@@ -66,14 +67,7 @@ class ARConfig(TaskConfigBase):
     @field_validator("n_pairs")
     @classmethod
     def _pairs_fit(cls, v: int, info: ValidationInfo) -> int:
-        # Distinct keys and values per document: more pairs than either vocabulary is impossible.
-        limit = min(info.data.get("n_keys", v), info.data.get("n_values", v))
-        if v > limit:
-            raise out_of_range(
-                f"distinct keys and values per document need 1..{limit} (= min(n_keys, n_values))",
-                v,
-            )
-        return v
+        return fits_distinct_pairs(v, info)
 
     @field_validator("min_pairs")
     @classmethod

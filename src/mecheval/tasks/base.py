@@ -52,6 +52,17 @@ def out_of_range(msg: str, got: object) -> PydanticCustomError:
     return PydanticCustomError("out_of_range", msg)
 
 
+def fits_distinct_pairs(v: int, info: Any) -> int:
+    """A field validator's body for a count of pairs (or pair slots) in a document whose keys
+    and values are distinct: at most min(n_keys, n_values) (fields validated before it)."""
+    limit = min(info.data.get("n_keys", v), info.data.get("n_values", v))
+    if v > limit:
+        raise out_of_range(
+            f"distinct keys and values per document need 1..{limit} (= min(n_keys, n_values))", v
+        )
+    return v
+
+
 def check_split(fraction: float, total: int, what: str) -> None:
     """A held-out fraction of ``total`` pairs must leave at least one pair on each side."""
     held = round(fraction * total)

@@ -39,6 +39,7 @@ from mecheval.tasks.base import (
     SPLIT_IDS,
     Task,
     TaskConfigBase,
+    fits_distinct_pairs,
     out_of_range,
     present_ids,
     torch_generator,
@@ -76,14 +77,7 @@ class NoisyARConfig(TaskConfigBase):
     @field_validator("n_slots")
     @classmethod
     def _slots_fit(cls, v: int, info: ValidationInfo) -> int:
-        # Every slot may be a pair, and keys and values are distinct within a document.
-        limit = min(info.data.get("n_keys", v), info.data.get("n_values", v))
-        if v > limit:
-            raise out_of_range(
-                f"distinct keys and values per document need 1..{limit} (= min(n_keys, n_values))",
-                v,
-            )
-        return v
+        return fits_distinct_pairs(v, info)
 
     @field_validator("noise_fraction")
     @classmethod

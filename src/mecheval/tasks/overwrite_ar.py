@@ -41,6 +41,7 @@ from mecheval.tasks.base import (
     SPLIT_IDS,
     Task,
     TaskConfigBase,
+    fits_distinct_pairs,
     out_of_range,
     present_ids,
     torch_generator,
@@ -78,13 +79,7 @@ class OverwriteARConfig(TaskConfigBase):
     @field_validator("n_pairs")
     @classmethod
     def _pairs_fit(cls, v: int, info: ValidationInfo) -> int:
-        limit = min(info.data.get("n_keys", v), info.data.get("n_values", v))
-        if v > limit:
-            raise out_of_range(
-                f"distinct keys and values per document need 1..{limit} (= min(n_keys, n_values))",
-                v,
-            )
-        return v
+        return fits_distinct_pairs(v, info)
 
     @field_validator("n_updates")
     @classmethod

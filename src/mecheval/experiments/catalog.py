@@ -18,7 +18,7 @@ from mecheval.experiments.grid import SweepSpec
 from mecheval.experiments.mechanisms import InterventionPlan
 from mecheval.experiments.runners import plan_runs
 from mecheval.models import get_architecture
-from mecheval.models.registry import BUILTIN_ARCHITECTURES
+from mecheval.models.registry import PAPER_ARCHITECTURES
 from mecheval.tasks import get_task
 from mecheval.training.presets import check_preset
 
@@ -162,8 +162,8 @@ def _show(value: Any) -> str:
 
 
 def _archs() -> list[str]:
-    """The architectures an experiment compares by default: every built-in one."""
-    return list(BUILTIN_ARCHITECTURES)
+    """The architectures an experiment compares by default: the paper's seven."""
+    return list(PAPER_ARCHITECTURES)
 
 
 def _catalog() -> dict[str, Experiment]:

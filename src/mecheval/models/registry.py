@@ -308,5 +308,11 @@ register(
     )
 )
 
-#: The architectures that come with mecheval (the paper's), in the paper's order.
+#: The paper's seven architectures, in the paper's order: what experiments compare by default.
+PAPER_ARCHITECTURES = tuple(ARCHITECTURES)
+
+# ------------------------------------------------------------- architectures beyond the paper
+# Registered after the paper's seven; `reproduce --archs all` adds them to an experiment.
+
+#: Every architecture that comes with mecheval: the paper's, then the others.
 BUILTIN_ARCHITECTURES = tuple(ARCHITECTURES)

@@ -214,6 +214,20 @@ def test_extra_train_queries(tmp_path: Path, data, spy: StackSpy) -> None:
         assert_same_run(tmp_path / f"g{i}", tmp_path / f"s{i}")
 
 
+def test_dense_answers_of_mqar(tmp_path: Path, spy: StackSpy) -> None:
+    """MQAR's training documents carry every query's position and answer (a [B, Q] pair
+    per batch, different per member): the stacked loss takes them as Trainer.loss does."""
+    task = {"kind": "mqar", "n_keys": 8, "n_values": 8, "n_pairs": 3, "seq_len": 14}
+    task |= {"n_train": 64, "n_dev": 8, "n_test": 8}
+    cfgs = [config(task=task, seed=0), config(task=task, seed=1, lr=1e-2)]
+    mqar_data = build_datasets(resolve(cfgs[0]).task)
+    assert "answer_positions" in mqar_data["train"].extras
+    run_both(tmp_path, cfgs, mqar_data, spy)
+    spy.assert_stacked(8, [2] * 8)
+    for i in range(2):
+        assert_same_run(tmp_path / f"g{i}", tmp_path / f"s{i}")
+
+
 # ---------------------------------------------------------------------------- divergence
 
 

@@ -18,6 +18,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
+from mecheval.tasks.batch import ROLES
 from mecheval.tasks.vocab import N_SPECIAL
 
 if TYPE_CHECKING:
@@ -93,12 +94,16 @@ def torch_generator(*entropy: int, two_words: bool = False) -> torch.Generator:
     return torch.Generator().manual_seed(seed & ((1 << 63) - 1))
 
 
-def present_ids(batch: Batch, lo: int, hi: int, vocab_size: int) -> torch.Tensor:
-    """[B, V] bool: True at the ids in [lo, hi) that occur in a document before its divider
-    (``roles["divider"]``): the helper for :attr:`Task.answer_candidates` hooks."""
+def present_ids(
+    batch: Batch, lo: int, hi: int, vocab_size: int, end: int | None = None
+) -> torch.Tensor:
+    """[B, V] bool: True at the ids in [lo, hi) that occur in a document before ``end`` (by
+    default its divider, ``roles["divider"]``): the helper for :attr:`Task.answer_candidates`
+    hooks."""
     tokens = batch.tokens
     steps = torch.arange(tokens.shape[1], device=tokens.device)
-    before = steps[None, :] < batch.roles["divider"][:, None]
+    stop = batch.roles["divider"][:, None] if end is None else end
+    before = steps[None, :] < stop
     hit = before & (tokens >= lo) & (tokens < hi)
     mask = torch.zeros(len(batch), vocab_size, dtype=torch.bool, device=tokens.device)
     rows, cols = hit.nonzero(as_tuple=True)
@@ -169,3 +174,9 @@ class Task:
     #: (overwrite AR: stale_key, stale_value); datasets keep them and interventions restore
     #: at them too
     extra_roles: tuple[str, ...] = ()
+    #: the shared roles (tasks/batch.py's ROLES) its documents carry, in ROLES' order: all of
+    #: them unless a role has no token to point at (MQAR has no divider)
+    shared_roles: tuple[str, ...] = ROLES
+    #: (cfg, split) -> rows the split's dataset holds, where that is not the split's document
+    #: count (MQAR: one probe per query in dev and test); None: ``cfg.split_size(split)``
+    split_rows: Callable[[Any, str], int] | None = None

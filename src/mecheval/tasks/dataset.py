@@ -141,6 +141,12 @@ def answer_candidates(cfg: TaskConfigBase, batch: Batch) -> torch.Tensor:
     return context_ids(batch, size) if hook is None else hook(cfg, batch, size)
 
 
+def split_rows(cfg: TaskConfigBase, split: str) -> int:
+    """Rows of the split's dataset: its document count, or the task's ``split_rows``."""
+    rows = task_of(cfg).split_rows
+    return cfg.split_size(split) if rows is None else rows(cfg, split)
+
+
 def config_hash(cfg: TaskConfigBase) -> str:
     blob = json.dumps({"v": FORMAT_VERSION, "cfg": cfg.model_dump(mode="json")}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
@@ -187,7 +193,7 @@ def _load(cfg: TaskConfigBase, path: Path) -> dict[str, TaskDataset] | None:
     except Exception:
         # Truncated, corrupt or inconsistent: rebuild rather than trust any of it.
         return None
-    if any(len(out[s]) != cfg.split_size(s) for s in SPLITS):
+    if any(len(out[s]) != split_rows(cfg, s) for s in SPLITS):
         return None
     return out
 

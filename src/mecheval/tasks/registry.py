@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from mecheval.errors import ConfigError, validate
-from mecheval.tasks import ar, atr, noisy_ar, overwrite_ar
+from mecheval.tasks import ar, atr, compositional_mqar, mqar, noisy_ar, overwrite_ar
 from mecheval.tasks.base import Task, TaskConfigBase
 from mecheval.tasks.batch import ROLES
 from mecheval.tasks.vocab import SPECIAL_NAMES
@@ -30,6 +30,8 @@ register_task(ar.TASK)
 register_task(atr.TASK)
 register_task(noisy_ar.TASK)
 register_task(overwrite_ar.TASK)
+register_task(mqar.TASK)
+register_task(compositional_mqar.TASK)
 
 
 def get_task(kind: str) -> Task:
@@ -57,8 +59,9 @@ def parse_task(data: Any, prefix: str = "task") -> TaskConfigBase:
 
 
 def roles_of(cfg: TaskConfigBase) -> tuple[str, ...]:
-    """The roles of the task's documents: the shared ROLES, then the task's own."""
-    return (*ROLES, *task_of(cfg).extra_roles)
+    """The roles of the task's documents: the shared ROLES it has, then the task's own."""
+    task = task_of(cfg)
+    return (*(r for r in ROLES if r in task.shared_roles), *task.extra_roles)
 
 
 def token_names(cfg: TaskConfigBase) -> list[str]:

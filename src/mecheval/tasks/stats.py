@@ -26,9 +26,10 @@ def summarise(values: torch.Tensor) -> dict[str, float]:
 def dataset_stats(ds: TaskDataset) -> dict[str, dict[str, float]]:
     """Statistic name -> summary (mean, min, median, p90, max) over the dataset's documents."""
     roles = ds.roles
-    values = {
-        "document length (tokens)": ds.lengths,
-        "content length (symbols before <div>)": roles["divider"] - 1,
+    values = {"document length (tokens)": ds.lengths}
+    if "divider" in roles:
+        values["content length (symbols before <div>)"] = roles["divider"] - 1
+    values |= {
         "key-value distance": (roles["value"] - roles["key"]).abs(),
         "key-query distance": roles["query"] - roles["key"],
         "value-query distance": roles["query"] - roles["value"],

@@ -77,7 +77,7 @@ from mecheval.tasks import Batch, get_task
 from mecheval.training.checkpoint import has_checkpoint, save_checkpoint
 from mecheval.training.config import RunConfig, config_to_data, resolve
 from mecheval.training.folder import RunFolder
-from mecheval.training.metrics import answer_loss, multi_answer_loss
+from mecheval.training.metrics import ANSWER_POSITIONS, ANSWERS, answer_loss, multi_answer_loss
 from mecheval.training.precision import autocast, rounding_eps, tf32
 from mecheval.training.reporter import NullReporter, Reporter, ReporterFactory, null_reporter
 from mecheval.training.run import crash_reason, train
@@ -180,6 +180,7 @@ class GroupTrainer:
         self.optimizer = StackedAdamW(self.params, groups, decay, self.t.betas, self.t.eps)
         self._grad_fn = vmap(grad_and_value(self._loss))
         self._grad_fn_multi = vmap(grad_and_value(self._multi_loss), in_dims=(0, 0, 0, None, 0))
+        self._grad_fn_dense = vmap(grad_and_value(self._multi_loss))
 
     # ------------------------------------------------------------------ the vmapped step
     def _loss(
@@ -218,6 +219,15 @@ class GroupTrainer:
         with warnings.catch_warnings(), tf32(self.t.precision, self.device):
             # vmap's per-slice fallback for ops without a batching rule: slower, still right.
             warnings.filterwarnings("ignore", message="There is a performance drop")
+            if ANSWER_POSITIONS in batches[0].extras:
+                # Every answer of each document (MQAR), at each member's own positions.
+                return self._grad_fn_dense(
+                    params,
+                    buffers,
+                    pad_stack([b.tokens for b in batches]),
+                    torch.stack([b.extras[ANSWER_POSITIONS] for b in batches]),
+                    torch.stack([b.extras[ANSWERS] for b in batches]),
+                )
             if self.t.train_queries == 1:
                 return self._grad_fn(
                     params,

@@ -26,12 +26,22 @@ from mecheval.tasks.scores import answer_scores
 CSV_HEADER = ("step", "split", "metric", "value")
 
 
+#: Batch extras of a task that supervises several answers per training document (MQAR):
+#: [B, Q] positions and [B, Q] answers; the loss is taken at all of them.
+ANSWER_POSITIONS, ANSWERS = "answer_positions", "answers"
+
+
 def answer_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
-    """Next-token cross-entropy on the answer only.
+    """Next-token cross-entropy on the answer only (on every answer, for a batch that carries
+    ``extras["answer_positions"]`` and ``extras["answers"]``: :func:`multi_answer_loss`).
 
     Only the query position's logits are computed: the loss on every other position is masked
     in the paper, so skipping them gives the same loss and gradient for far less work.
     """
+    if ANSWER_POSITIONS in batch.extras:
+        return multi_answer_loss(
+            model, batch.tokens, batch.extras[ANSWER_POSITIONS], batch.extras[ANSWERS]
+        )
     logits = model(batch.tokens, at=batch.query)
     return F.cross_entropy(logits.float(), batch.answer)
 
@@ -41,11 +51,16 @@ def multi_answer_loss(
 ) -> torch.Tensor:
     """Mean cross-entropy over several query positions per document.
 
-    ``positions`` [Q] (shared by all documents), ``answers`` [B, Q]; every other position is
-    masked as in :func:`answer_loss`, which this equals when Q = 1.
+    ``positions`` [Q] (shared by all documents) or [B, Q] (each document's own), ``answers``
+    [B, Q]; every other position is masked as in :func:`answer_loss`, which this equals when
+    Q = 1.
     """
-    logits = model(tokens)[:, positions]  # [B, Q, V]
-    return F.cross_entropy(logits.flatten(0, 1).float(), answers.flatten())
+    logits = model(tokens)
+    if positions.dim() == 1:
+        picked = logits[:, positions]  # [B, Q, V]
+    else:
+        picked = logits.gather(1, positions[..., None].expand(-1, -1, logits.shape[-1]))
+    return F.cross_entropy(picked.flatten(0, 1).float(), answers.flatten())
 
 
 @torch.no_grad()

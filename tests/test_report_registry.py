@@ -27,6 +27,8 @@ NAMES = [
     "emergence",
     "noisy-ar-restore",
     "overwrite-ar-restore",
+    "mqar-restore",
+    "compositional-mqar-restore",
 ]
 
 

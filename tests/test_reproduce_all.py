@@ -46,6 +46,9 @@ def test_experiment_runs_end_to_end_at_tiny(name: str, tmp_path) -> None:
     printed = assert_report_is_what_was_printed(folder / "report", result.output)
     if name == "ar":  # some experiments make no figure at tiny (grandparent); this one two
         assert printed == ["ar-restore", "emergence"]
+    if name == "task-matrix":  # the matrix first, then each of its tasks' restore figure
+        assert printed[0] == "task-matrix" and {"mqar-restore", "ar-restore"} <= set(printed)
+        assert "pos-emb" not in printed
 
 
 def assert_report_is_what_was_printed(report_dir: Path, output: str) -> list[str]:

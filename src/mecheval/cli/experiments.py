@@ -194,7 +194,17 @@ def reproduce_command(
     list_: Annotated[bool, typer.Option("--list", help="list the experiments")] = False,
     archs: Annotated[
         str | None,
-        typer.Option(help="comma-separated architectures instead of the paper's seven"),
+        typer.Option(
+            help="comma-separated architectures instead of the paper's seven; 'all': every "
+            "registered one (the built-ins beyond the paper, and plugins')",
+        ),
+    ] = None,
+    tasks: Annotated[
+        str | None,
+        typer.Option(
+            help="task-matrix only: comma-separated task kinds instead of the AR family "
+            "(ar,noisy_ar,overwrite_ar,mqar,compositional_mqar; atr too)",
+        ),
     ] = None,
     widths: Annotated[
         str | None,
@@ -238,7 +248,7 @@ def reproduce_command(
         for e in list_experiments():
             typer.echo(f"{e.name:<18} {e.description}  [figures: {', '.join(e.figures)}]")
         return
-    experiment, spec = reproduce_spec(name, preset, archs, widths, lrs, seeds)
+    experiment, spec = reproduce_spec(name, preset, archs, widths, lrs, seeds, tasks)
     outcomes = _run(
         spec,
         out,
@@ -251,7 +261,7 @@ def reproduce_command(
         group_size,
         runtime_overrides(device, compile_),
     )
-    _report(out / spec.name, experiment.figures)
+    _report(out / spec.name, report_figures(experiment, spec), matrix=experiment.matrix)
     if any(o.state != "done" for o in outcomes):
         raise typer.Exit(1)  # after the report, which shows what the finished runs measured
 
@@ -271,6 +281,28 @@ def parse_values(flag: str, text: str | None, kind: type) -> list | None:
     return values
 
 
+def report_figures(experiment: Experiment, spec: SweepSpec) -> tuple[str, ...]:
+    """The figures ``reproduce`` reports: the experiment's, or where it varies the task (the
+    matrix), each of its tasks' restore figure (``<kind>-restore``) that is registered."""
+    from mecheval.experiments.grid import TASK_AXIS
+    from mecheval.report import FIGURES
+
+    if TASK_AXIS not in spec.grid:
+        return experiment.figures
+    names = (f"{str(kind).replace('_', '-')}-restore" for kind in spec.grid[TASK_AXIS])
+    return tuple(name for name in names if name in FIGURES)
+
+
+def parse_names(flag: str, text: str | None, what: str) -> list[str] | None:
+    """``"a, b"`` -> ``["a", "b"]``; None stays None; an empty list is an error."""
+    if text is None:
+        return None
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise ConfigError(f"{flag}: expected comma-separated {what}, got {text!r}")
+    return names
+
+
 def reproduce_spec(
     name: str,
     preset: str,
@@ -278,37 +310,41 @@ def reproduce_spec(
     widths: str | None = None,
     lrs: str | None = None,
     seeds: str | None = None,
+    tasks: str | None = None,
 ) -> tuple[Experiment, SweepSpec]:
     """The experiment ``name`` and the sweep ``reproduce`` runs for these option strings."""
     from mecheval.experiments.catalog import get_experiment
+    from mecheval.models.registry import available_architectures
 
     experiment = get_experiment(name)
-    chosen = None
-    if archs is not None:
-        chosen = [a.strip() for a in archs.split(",") if a.strip()]
-        if not chosen:
-            raise ConfigError(
-                f"--archs: expected comma-separated architecture names, got {archs!r}"
-            )
+    chosen = parse_names("--archs", archs, "architecture names")
+    if chosen == ["all"]:
+        chosen = available_architectures()
     spec = experiment.sweep(
         preset,
         chosen,
         widths=parse_values("--widths", widths, int),
         lrs=parse_values("--lrs", lrs, float),
         seeds=parse_values("--seeds", seeds, int),
+        tasks=parse_names("--tasks", tasks, "task kinds"),
     )
     return experiment, spec
 
 
-def _report(experiment_dir: Path, figures: tuple[str, ...]) -> None:
+def _report(experiment_dir: Path, figures: tuple[str, ...], matrix: bool = False) -> None:
     """Print the experiment's figures and mechanism table, and save exactly what was printed
-    (figure files, and report.html with the same figures, reasons and table)."""
-    from mecheval.experiments.store import load_results
+    (figure files, and report.html with the same figures, reasons and table); ``matrix``
+    adds the task x architecture mechanism matrix (report/matrix.py) first."""
+    from mecheval.experiments.store import label_records, load_results
     from mecheval.report import available_figures, normalise, write_figure
     from mecheval.report.html import save_html
 
     table = normalise(load_results(experiment_dir))
     results, skipped = available_figures(table, list(figures))
+    if matrix:
+        from mecheval.report.matrix import render_matrix
+
+        results.insert(0, render_matrix(label_records(experiment_dir)))
     report_dir = experiment_dir / "report"
     for result in results:
         write_figure(result, report_dir)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mecheval.errors import ConfigError
-from mecheval.experiments.grid import SweepSpec
+from mecheval.experiments.grid import TASK_AXIS, SweepSpec
 from mecheval.experiments.mechanisms import InterventionPlan
 from mecheval.experiments.runners import plan_runs
 from mecheval.models import get_architecture
@@ -41,6 +41,8 @@ class Experiment:
     plan: InterventionPlan = InterventionPlan()
     fixed: dict[str, Any] | None = None  # dotted overrides for every run
     quick_grid: dict[str, list[Any]] | None = None
+    #: the report adds the task x architecture mechanism matrix (report/matrix.py)
+    matrix: bool = False
 
     def sweep(
         self,
@@ -50,14 +52,22 @@ class Experiment:
         widths: list[int] | None = None,
         lrs: list[float] | None = None,
         seeds: list[int] | None = None,
+        tasks: list[str] | None = None,
     ) -> SweepSpec:
         """The sweep of this experiment at ``preset``; ``archs`` replaces its architectures
-        (custom ones included) where the experiment compares architectures; ``widths``,
-        ``lrs`` and ``seeds`` keep only those values of the grid (see :func:`restrict`)."""
+        (custom ones included) where the experiment compares architectures, ``tasks`` its
+        tasks where it has a task axis (any registered task); ``widths``, ``lrs`` and
+        ``seeds`` keep only those values of the grid (see :func:`restrict`)."""
         check_preset(preset)
         paper = preset == "paper"
         paper_lrs = list(get_task(self.task).paper_lrs)
         grid = dict(self.grid)
+        if tasks is not None:
+            if TASK_AXIS not in grid:
+                raise ConfigError(f"--tasks: experiment {self.name!r} studies {self.task} only")
+            for kind in tasks:
+                get_task(kind)  # an unknown kind fails now, naming the known ones
+            grid[TASK_AXIS] = list(dict.fromkeys(tasks))
         if archs is not None:
             if grid.get("model.architecture") != _archs():
                 raise ConfigError(
@@ -166,6 +176,11 @@ def _archs() -> list[str]:
     return list(PAPER_ARCHITECTURES)
 
 
+#: The tasks of the task x architecture matrix by default: the AR family, whose quick presets
+#: train in seconds to minutes each (ATR's take far longer: add it with --tasks).
+MATRIX_TASKS = ["ar", "noisy_ar", "overwrite_ar", "mqar", "compositional_mqar"]
+
+
 def _catalog() -> dict[str, Experiment]:
     archs = _archs()
     experiments = [
@@ -271,6 +286,28 @@ def _catalog() -> dict[str, Experiment]:
             "overwrite_ar",
             {"model.architecture": archs},
             ("overwrite-ar-restore",),
+        ),
+        Experiment(
+            "mqar",
+            "MQAR, zoology's multi-query AR; each query its own probe (issue #14)",
+            "mqar",
+            {"model.architecture": archs},
+            ("mqar-restore",),
+        ),
+        Experiment(
+            "compositional-mqar",
+            "Two-token keys: zoology's compositional MQAR (issue #14)",
+            "compositional_mqar",
+            {"model.architecture": archs},
+            ("compositional-mqar-restore",),
+        ),
+        Experiment(
+            "task-matrix",
+            "Mechanism matrix: every architecture on every task of the AR family (issue #14)",
+            "ar",
+            {TASK_AXIS: MATRIX_TASKS, "model.architecture": archs},
+            (),
+            matrix=True,
         ),
     ]
     return {e.name: e for e in experiments}

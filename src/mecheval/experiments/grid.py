@@ -15,6 +15,9 @@ A sweep spec (YAML)::
     per_architecture:          # optional overrides applied to runs of one architecture
       mamba: {training.lr: 3e-3}
 
+With a preset base, the grid may also vary ``task`` (task kinds): each run then starts from
+that task's preset (``task: [ar, mqar]``; the task-by-architecture matrix does this).
+
 Each point of the product becomes one run with a readable, stable name built from the grid
 values in spec order, e.g. ``mamba-d64-lr1e-3-s0``. The user's documentation of the format:
 docs/sweeps.md, with configs/sweep-example.yaml.
@@ -34,6 +37,7 @@ from mecheval.errors import ConfigError, validate
 
 #: How a grid key shows in a run name: a short prefix (value appended), "" = value alone.
 NAME_PREFIXES: dict[str, str] = {
+    "task": "",
     "model.architecture": "",
     "model.d_model": "d",
     "model.n_layers": "L",
@@ -69,6 +73,10 @@ class SweepSpec(BaseModel):
         return grid
 
 
+#: The grid key that varies the task kind of a preset base (not a dotted config path).
+TASK_AXIS = "task"
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """One point of a sweep: its name and the dotted overrides applied to the base."""
@@ -76,9 +84,16 @@ class RunSpec:
     name: str
     overrides: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def task(self) -> str | None:
+        """The task kind the grid chose for this run (the ``task`` axis), if any."""
+        task = self.overrides.get(TASK_AXIS)
+        return None if task is None else str(task)
+
     def override_args(self) -> list[str]:
-        """The overrides as ``key=value`` strings (YAML-parsable values)."""
-        return [f"{k}={format_value(v)}" for k, v in self.overrides.items()]
+        """The dotted overrides as ``key=value`` strings (YAML-parsable values); the task
+        axis is not one: it picks the preset the run starts from."""
+        return [f"{k}={format_value(v)}" for k, v in self.overrides.items() if k != TASK_AXIS]
 
 
 def format_value(value: Any) -> str:

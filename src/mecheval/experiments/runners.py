@@ -84,12 +84,19 @@ class RunProgress:
 SweepEvent = RunProgress | Outcome
 
 
-def base_data(spec: SweepSpec, architecture: str | None) -> dict[str, Any]:
+def base_data(
+    spec: SweepSpec, architecture: str | None, task_kind: str | None = None
+) -> dict[str, Any]:
     """The base config of a sweep: a preset reference (``preset``, ``task``) plus any
-    explicit sections, merged with the explicit sections winning."""
+    explicit sections, merged with the explicit sections winning. ``task_kind`` (a run's
+    value on the grid's ``task`` axis) replaces the base's task kind."""
     base = dict(spec.base)
     name = base.pop("preset", None)
     task = base.pop("task", None)
+    if task_kind is not None:
+        if name is None:
+            raise ConfigError("sweep.grid.task: varies the task of a preset base only")
+        task = task_kind
     if name is None:
         return {"task": task, **base} if task is not None else base
     if not isinstance(task, str):
@@ -109,7 +116,7 @@ def plan_runs(spec: SweepSpec) -> list[tuple[RunSpec, RunConfig]]:
     for run in expand(spec):
         architecture = run.overrides.get("model.architecture")
         try:
-            data = base_data(spec, architecture)
+            data = base_data(spec, architecture, run.task)
             cfg = config_from_data(data, [*run.override_args(), f"name={run.name}"])
             resolve(cfg)  # every run's config error now, before any run folder is prepared
         except ConfigError as err:

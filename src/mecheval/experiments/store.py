@@ -148,6 +148,24 @@ def load_results(experiment_dir: str | Path) -> pd.DataFrame:
     return pd.concat([run_table(r) for r in runs], ignore_index=True)
 
 
+def read_label(run_dir: Path) -> dict[str, Any] | None:
+    """The run's ``mechanism.json`` (None: not written); DamagedFile if unreadable."""
+    label_path = run_dir / "mechanism.json"
+    if not label_path.exists():
+        return None
+    try:
+        label = json.loads(label_path.read_text(encoding="utf-8"))
+        for key in ("site", "label", "original", "corrupted", "restored"):
+            label[key]  # noqa: B018 - a missing field is damage
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+        raise DamagedFile(f"{label_path}: damaged ({type(err).__name__})") from None
+    return label
+
+
+def _dev_accuracy(status: dict[str, Any]) -> float | None:
+    return ((status.get("metrics") or {}).get("dev") or {}).get("accuracy")
+
+
 def mechanism_summary(experiment_dir: str | Path) -> pd.DataFrame:
     """One row per run: its final dev accuracy and the restore numbers its mechanism label
     was read from (``mechanism.json``, likelihood in %), the in-context accuracy and the
@@ -157,20 +175,15 @@ def mechanism_summary(experiment_dir: str | Path) -> pd.DataFrame:
     for run_dir in run_dirs(Path(experiment_dir)):
         config = read_config_data(run_dir)
         status = run_status(run_dir)
-        dev = ((status.get("metrics") or {}).get("dev") or {}).get("accuracy")
+        dev = _dev_accuracy(status)
         row: dict[str, Any] = {
             "run": run_dir.name,
             "architecture": config["model"]["architecture"],
             "status": status.get("state"),
             "dev accuracy %": None if dev is None else round(100 * dev, 1),
         }
-        label_path = run_dir / "mechanism.json"
-        if label_path.exists():
-            try:
-                label = json.loads(label_path.read_text(encoding="utf-8"))
-                row["site"] = label["site"]
-            except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
-                raise DamagedFile(f"{label_path}: damaged ({type(err).__name__})") from None
+        label = read_label(run_dir)
+        if label is not None:
             row["site"] = label["site"]
             row["original"] = round(100 * label["original"], 1)
             row["corrupted"] = round(100 * label["corrupted"], 1)
@@ -182,6 +195,41 @@ def mechanism_summary(experiment_dir: str | Path) -> pd.DataFrame:
                 value = label.get(key)
                 row[column] = None if value is None else round(100 * value, 1)
             row["mechanism"] = label["label"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def label_records(experiment_dir: str | Path) -> pd.DataFrame:
+    """One row per run for the task x architecture matrix: run, task (kind), architecture,
+    status, reason, dev accuracy (a fraction), and from ``mechanism.json`` the label, the
+    test accuracy it was read with, and the role that recovers most with its fraction
+    (empty where no label was written)."""
+    rows = []
+    for run_dir in run_dirs(Path(experiment_dir)):
+        config = read_config_data(run_dir)
+        status = run_status(run_dir)
+        row: dict[str, Any] = {
+            "run": run_dir.name,
+            "task": config["task"]["kind"],
+            "architecture": config["model"]["architecture"],
+            "status": status.get("state"),
+            "reason": status.get("reason") or "",
+            "dev accuracy": _dev_accuracy(status),
+            "label": None,
+            "accuracy": None,
+            "best role": None,
+            "recovered": None,
+        }
+        label = read_label(run_dir)
+        if label is not None:
+            recovered = label.get("recovered") or {}
+            best = max(recovered, key=recovered.__getitem__) if recovered else None
+            row |= {
+                "label": label["label"],
+                "accuracy": label.get("accuracy"),
+                "best role": best,
+                "recovered": None if best is None else recovered[best],
+            }
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -441,3 +441,17 @@ def overwrite_ar_restore(df: pd.DataFrame) -> Heatmaps:
     occurrence) and @ stale key, stale value (the overwritten one)."""
     roles = ("key", "value", "query", "stale_key", "stale_value")
     return _restore(df, "overwrite_ar", "Overwrite AR", roles)
+
+
+@figure("mqar-restore")
+def mqar_restore(df: pd.DataFrame) -> Heatmaps:
+    """MQAR (issue #14): as Fig. 3, one probe per query, restored @ key, value, query."""
+    return _restore(df, "mqar", "MQAR")
+
+
+@figure("compositional-mqar-restore")
+def compositional_mqar_restore(df: pd.DataFrame) -> Heatmaps:
+    """Compositional MQAR (issue #14): restored @ each key token, the value and each query
+    token, to show where the two-token key is composed."""
+    roles = ("key_first", "key_last", "value", "query_first", "query")
+    return _restore(df, "compositional_mqar", "Compositional MQAR", roles)

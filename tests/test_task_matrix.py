@@ -1,0 +1,187 @@
+"""The task x architecture mechanism matrix (issue #14): a sweep whose grid varies the task
+(each run from its task's preset), `reproduce task-matrix --tasks/--archs`, and the matrix
+figure and table (report/matrix.py) from the runs' labels."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from mecheval.cli.experiments import report_figures, reproduce_spec
+from mecheval.errors import ConfigError
+from mecheval.experiments.catalog import MATRIX_TASKS, _archs
+from mecheval.experiments.grid import SweepSpec, expand
+from mecheval.experiments.runners import plan_runs
+from mecheval.models.registry import BUILTIN_ARCHITECTURES, PAPER_ARCHITECTURES
+from mecheval.report.matrix import best_runs, cell_text, render_matrix
+from mecheval.training.config import config_to_data
+from mecheval.training.presets import preset
+
+
+def test_the_task_axis_starts_each_run_from_its_tasks_preset() -> None:
+    spec = SweepSpec(
+        name="m",
+        base={"preset": "quick", "task": "ar"},
+        grid={"task": ["mqar", "noisy_ar"], "model.architecture": ["mamba", "attention"]},
+    )
+    planned = plan_runs(spec)
+    assert [run.name for run, _ in planned] == [
+        "mqar-mamba",
+        "mqar-attention",
+        "noisy_ar-mamba",
+        "noisy_ar-attention",
+    ]
+    for run, cfg in planned:
+        kind, arch = run.name.split("-")
+        expected = preset("quick", kind, arch)
+        data = config_to_data(cfg)
+        assert data["task"] == {**data["task"], **expected["task"]}
+        assert data["training"]["lr"] == expected["training"]["lr"]  # the task's quick LR
+        assert cfg.model.architecture == arch and "task" not in run.override_args()[0]
+
+
+def test_the_task_axis_needs_a_preset_base() -> None:
+    spec = SweepSpec(name="m", base={"task": {"kind": "ar"}}, grid={"task": ["ar"]})
+    with pytest.raises(ConfigError, match="sweep run ar: sweep.grid.task: .*preset base"):
+        plan_runs(spec)
+
+
+def test_reproduce_task_matrix_tasks_and_archs() -> None:
+    experiment, spec = reproduce_spec("task-matrix", "quick")
+    assert spec.grid == {"task": MATRIX_TASKS, "model.architecture": _archs()}
+    assert len(expand(spec)) == len(MATRIX_TASKS) * 7
+    assert report_figures(experiment, spec) == (
+        "ar-restore",
+        "noisy-ar-restore",
+        "overwrite-ar-restore",
+        "mqar-restore",
+        "compositional-mqar-restore",
+    )
+    _, spec = reproduce_spec("task-matrix", "quick", archs="attention,mamba", tasks="mqar, atr")
+    assert spec.grid == {"task": ["mqar", "atr"], "model.architecture": ["attention", "mamba"]}
+    assert [r.name for r in expand(spec)][:2] == ["mqar-attention", "mqar-mamba"]
+    # --archs all: every registered architecture, the paper's first.
+    _, spec = reproduce_spec("ar", "quick", archs="all")
+    archs = spec.grid["model.architecture"]
+    assert archs[:7] == list(PAPER_ARCHITECTURES) and set(BUILTIN_ARCHITECTURES) <= set(archs)
+
+
+@pytest.mark.parametrize(
+    ("name", "tasks", "says"),
+    [
+        ("task-matrix", "mqar,bogus", "task.kind: unknown 'bogus'"),
+        ("task-matrix", " , ", "--tasks: expected comma-separated task kinds"),
+        ("ar", "mqar", "--tasks: experiment 'ar' studies ar only"),
+    ],
+)
+def test_bad_tasks_are_one_line_errors(name: str, tasks: str, says: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        reproduce_spec(name, "quick", tasks=tasks)
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def records(rows: list[dict]) -> pd.DataFrame:
+    base = {
+        "status": "done",
+        "reason": "",
+        "dev accuracy": 0.5,
+        "label": "induction",
+        "accuracy": 0.9,
+        "best role": "value",
+        "recovered": 0.95,
+    }
+    return pd.DataFrame([{**base, "run": f"r{i}", **row} for i, row in enumerate(rows)])
+
+
+def test_best_runs_picks_the_best_dev_run_per_cell_in_registry_order() -> None:
+    table = records(
+        [
+            {"task": "mqar", "architecture": "attention", "dev accuracy": 0.4, "label": "unclear"},
+            {"task": "mqar", "architecture": "attention", "dev accuracy": 0.9},
+            {"task": "ar", "architecture": "attention", "status": "failed", "dev accuracy": 1.0},
+            {"task": "ar", "architecture": "attention", "dev accuracy": 0.2, "label": "x"},
+            {"task": "ar", "architecture": "mamba", "label": None, "status": "failed"},
+        ]
+    )
+    best = best_runs(table)
+    # Architectures in the paper's order (mamba first), tasks as registered (ar first).
+    assert list(zip(best["architecture"], best["task"], strict=True)) == [
+        ("mamba", "ar"),
+        ("attention", "ar"),
+        ("attention", "mqar"),
+    ]
+    assert list(best["run"]) == ["r4", "r3", "r1"]  # a done run beats a failed one
+    assert cell_text(best.iloc[0]) == "failed"
+    assert cell_text(best.iloc[2]) == "induction; acc 90%, value 95%"
+    no_role = best.iloc[1].copy()
+    no_role["recovered"] = -0.1
+    assert cell_text(no_role).endswith("acc 90%, no role recovers")
+
+
+def test_render_matrix_table_and_figure() -> None:
+    table = records(
+        [
+            {"task": "ar", "architecture": "attention"},
+            {
+                "task": "mqar",
+                "architecture": "attention",
+                "label": "direct retrieval, layer 0",
+                "best role": "query",
+                "recovered": 0.5,
+            },  # fmt: skip
+            {"task": "ar", "architecture": "mamba", "label": "not learned", "accuracy": 0.25},
+        ]
+    )
+    result = render_matrix(table)
+    lines = result.markdown.splitlines()
+    header = next(line for line in lines if line.startswith("| architecture"))
+    assert header == "| architecture | AR | MQAR |"
+    assert "| Mamba | not learned; acc 25%, value 95% |  |" in lines
+    assert (
+        "| Attention | induction; acc 90%, value 95% | "
+        "direct retrieval, layer 0; acc 90%, query 50% |" in lines
+    )
+    ax = result.figure.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["AR", "MQAR"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["Mamba", "Attention"]
+    texts = [t.get_text() for t in ax.texts]
+    assert "acc 90%\nquery 50%" in texts and len(texts) == 3
+    legend = [t.get_text() for t in result.figure.legends[0].get_texts()]
+    assert legend == ["induction", "direct retrieval, layer 0", "not learned"]
+
+
+def test_label_records_read_the_runs_folders(tmp_path) -> None:
+    from mecheval.experiments.store import label_records
+    from mecheval.training.config import config_from_data, resolve
+    from mecheval.training.run import train
+
+    cfg = resolve(config_from_data(preset("tiny", "mqar", "attention"), ["name=mqar-attention"]))
+    train(cfg, tmp_path / "mqar-attention")
+    (tmp_path / "mqar-attention" / "mechanism.json").write_text(
+        json.dumps(
+            {
+                "site": "layers.1.input",
+                "label": "unclear",
+                "original": 0.3,
+                "corrupted": 0.1,
+                "restored": {},
+                "recovered": {"key": 0.1, "value": 0.3, "query": 0.2},
+                "accuracy": 0.4,
+            }
+        )
+    )
+    rows = label_records(tmp_path)
+    assert rows.to_dict("records")[0] | {"dev accuracy": None} == {
+        "run": "mqar-attention",
+        "task": "mqar",
+        "architecture": "attention",
+        "status": "done",
+        "reason": "",
+        "dev accuracy": None,
+        "label": "unclear",
+        "accuracy": 0.4,
+        "best role": "value",
+        "recovered": 0.3,
+    }

@@ -105,6 +105,8 @@ TINY = ("train", "--preset", "tiny", "--out", "runs", "-q")
 MAMBA = (*TINY, "--arch", "mamba")
 NOISY = (*TINY, "--task", "noisy_ar")
 OVERWRITE = (*TINY, "--task", "overwrite_ar")
+MQAR = (*TINY, "--task", "mqar")
+COMPOSITIONAL = (*TINY, "--task", "compositional_mqar")
 REPRO = ("reproduce", "ar", "--preset", "tiny", "--out", "runs", "-q")
 
 CASES = [
@@ -148,6 +150,11 @@ CASES = [
         "task.noise_fraction",
     ),
     Case("more slots than keys", (*NOISY, "--set", "task.n_slots=1000"), "task.n_slots"),
+    Case("more queries than pairs", (*MQAR, "--set", "task.n_queries=3"), "task.n_queries"),
+    Case("sequence too short for the pairs", (*MQAR, "--set", "task.seq_len=7"), "task.seq_len"),
+    Case("power law exponent zero", (*MQAR, "--set", "task.power_a=0"), "task.power_a"),
+    Case("grid not square", (*COMPOSITIONAL, "--set", "task.n_pairs=3"), "task.n_pairs"),
+    Case("key token unknown", (*COMPOSITIONAL, "--set", "task.corrupt=both"), "task.corrupt"),
     Case("more updates than pairs", (*OVERWRITE, "--set", "task.n_updates=3"), "task.n_updates"),
     Case(
         "more pairs than keys (overwrite)", (*OVERWRITE, "--set", "task.n_pairs=9"), "task.n_pairs"

@@ -176,6 +176,7 @@ def test_label_records_read_the_runs_folders(tmp_path) -> None:
     assert rows.to_dict("records")[0] | {"dev accuracy": None} == {
         "run": "mqar-attention",
         "task": "mqar",
+        "short conv": None,
         "architecture": "attention",
         "status": "done",
         "reason": "",
@@ -185,3 +186,37 @@ def test_label_records_read_the_runs_folders(tmp_path) -> None:
         "best role": "value",
         "recovered": 0.3,
     }
+
+
+# ------------------------------------------------------------------------- conv-switch
+
+
+def test_conv_switch_grid_keeps_the_architectures_the_switch_applies_to() -> None:
+    experiment, spec = reproduce_spec("conv-switch", "quick")
+    switchable = [a for a in _archs() if a not in ("based", "baseconv")]
+    assert spec.grid == {"model.architecture": switchable, "model.short_conv": ["none", 2, 4]}
+    assert [r.name for r in expand(spec)][:3] == ["mamba-convnone", "mamba-conv2", "mamba-conv4"]
+    assert experiment.matrix == "short conv" and report_figures(experiment, spec) == ()
+    _, spec = reproduce_spec("conv-switch", "quick", archs="all")
+    assert "based" not in spec.grid["model.architecture"]
+    # A refused architecture named explicitly fails before anything trains, naming why.
+    _, spec = reproduce_spec("conv-switch", "quick", archs="based")
+    with pytest.raises(ConfigError, match="model.short_conv: based alternates"):
+        plan_runs(spec)
+
+
+def test_conv_matrix_columns_in_switch_order() -> None:
+    from mecheval.report.matrix import CONV_COLUMNS
+
+    table = records(
+        [
+            {"task": "ar", "architecture": "attention", "short conv": 4},
+            {"task": "ar", "architecture": "attention", "short conv": "none", "label": "unclear"},
+            {"task": "ar", "architecture": "attention", "short conv": 2},
+            {"task": "ar", "architecture": "mamba", "short conv": None},
+        ]
+    )
+    result = render_matrix(table, CONV_COLUMNS)
+    header = next(line for line in result.markdown.splitlines() if line.startswith("| arch"))
+    assert header == "| architecture | no short conv | default | short conv 2 | short conv 4 |"
+    assert "| Attention | unclear; acc 90%, value 95% |  | induction" in result.markdown

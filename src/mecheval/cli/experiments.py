@@ -196,7 +196,7 @@ def reproduce_command(
         str | None,
         typer.Option(
             help="comma-separated architectures instead of the paper's seven; 'all': every "
-            "registered one (the built-ins beyond the paper, and plugins')",
+            "registered one the experiment can train (the built-ins beyond the paper, plugins)",
         ),
     ] = None,
     tasks: Annotated[
@@ -314,12 +314,9 @@ def reproduce_spec(
 ) -> tuple[Experiment, SweepSpec]:
     """The experiment ``name`` and the sweep ``reproduce`` runs for these option strings."""
     from mecheval.experiments.catalog import get_experiment
-    from mecheval.models.registry import available_architectures
 
     experiment = get_experiment(name)
     chosen = parse_names("--archs", archs, "architecture names")
-    if chosen == ["all"]:
-        chosen = available_architectures()
     spec = experiment.sweep(
         preset,
         chosen,
@@ -331,10 +328,10 @@ def reproduce_spec(
     return experiment, spec
 
 
-def _report(experiment_dir: Path, figures: tuple[str, ...], matrix: bool = False) -> None:
+def _report(experiment_dir: Path, figures: tuple[str, ...], matrix: str = "") -> None:
     """Print the experiment's figures and mechanism table, and save exactly what was printed
     (figure files, and report.html with the same figures, reasons and table); ``matrix``
-    adds the task x architecture mechanism matrix (report/matrix.py) first."""
+    ("task" or "short conv") adds that mechanism matrix (report/matrix.py) first."""
     from mecheval.experiments.store import label_records, load_results
     from mecheval.report import available_figures, normalise, write_figure
     from mecheval.report.html import save_html
@@ -342,9 +339,10 @@ def _report(experiment_dir: Path, figures: tuple[str, ...], matrix: bool = False
     table = normalise(load_results(experiment_dir))
     results, skipped = available_figures(table, list(figures))
     if matrix:
-        from mecheval.report.matrix import render_matrix
+        from mecheval.report.matrix import CONV_COLUMNS, TASK_COLUMNS, render_matrix
 
-        results.insert(0, render_matrix(label_records(experiment_dir)))
+        columns = TASK_COLUMNS if matrix == "task" else CONV_COLUMNS
+        results.insert(0, render_matrix(label_records(experiment_dir), columns))
     report_dir = experiment_dir / "report"
     for result in results:
         write_figure(result, report_dir)

@@ -10,6 +10,7 @@ seconds-long trainings, to check that an experiment runs end to end.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ from mecheval.experiments.grid import TASK_AXIS, SweepSpec
 from mecheval.experiments.mechanisms import InterventionPlan
 from mecheval.experiments.runners import plan_runs
 from mecheval.models import get_architecture
-from mecheval.models.registry import PAPER_ARCHITECTURES
+from mecheval.models.registry import PAPER_ARCHITECTURES, available_architectures
 from mecheval.tasks import get_task
 from mecheval.training.presets import check_preset
 
@@ -41,8 +42,12 @@ class Experiment:
     plan: InterventionPlan = InterventionPlan()
     fixed: dict[str, Any] | None = None  # dotted overrides for every run
     quick_grid: dict[str, list[Any]] | None = None
-    #: the report adds the task x architecture mechanism matrix (report/matrix.py)
-    matrix: bool = False
+    #: the report adds a mechanism matrix (report/matrix.py): architectures by "task" or
+    #: by "short conv" setting; "" none
+    matrix: str = ""
+    #: which architectures the experiment can train (None: any); its default and
+    #: ``--archs all`` keep these only
+    accepts: Callable[[str], bool] | None = None
 
     def sweep(
         self,
@@ -62,6 +67,10 @@ class Experiment:
         paper = preset == "paper"
         paper_lrs = list(get_task(self.task).paper_lrs)
         grid = dict(self.grid)
+        if archs == ["all"]:
+            archs = [
+                a for a in available_architectures() if self.accepts is None or self.accepts(a)
+            ]
         if tasks is not None:
             if TASK_AXIS not in grid:
                 raise ConfigError(f"--tasks: experiment {self.name!r} studies {self.task} only")
@@ -69,7 +78,7 @@ class Experiment:
                 get_task(kind)  # an unknown kind fails now, naming the known ones
             grid[TASK_AXIS] = list(dict.fromkeys(tasks))
         if archs is not None:
-            if grid.get("model.architecture") != _archs():
+            if self.accepts is None and grid.get("model.architecture") != _archs():
                 raise ConfigError(
                     f"--archs: experiment {self.name!r} studies "
                     f"{', '.join(grid.get('model.architecture', []))} only"
@@ -181,8 +190,14 @@ def _archs() -> list[str]:
 MATRIX_TASKS = ["ar", "noisy_ar", "overwrite_ar", "mqar", "compositional_mqar"]
 
 
+def switchable(arch: str) -> bool:
+    """Whether ``model.short_conv`` applies to the architecture (Based and BaseConv refuse)."""
+    return not get_architecture(arch).no_conv_switch
+
+
 def _catalog() -> dict[str, Experiment]:
     archs = _archs()
+    conv_archs = [a for a in archs if switchable(a)]
     experiments = [
         Experiment(
             "ar",
@@ -307,7 +322,17 @@ def _catalog() -> dict[str, Experiment]:
             "ar",
             {TASK_AXIS: MATRIX_TASKS, "model.architecture": archs},
             (),
-            matrix=True,
+            matrix="task",
+        ),
+        Experiment(
+            "conv-switch",
+            "Short convolution as a switch: every architecture without, with a 2- and a 4-tap "
+            "short conv on AR (issue #15)",
+            "ar",
+            {"model.architecture": conv_archs, "model.short_conv": ["none", 2, 4]},
+            (),
+            matrix="short conv",
+            accepts=switchable,
         ),
     ]
     return {e.name: e for e in experiments}

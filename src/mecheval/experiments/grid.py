@@ -42,6 +42,7 @@ NAME_PREFIXES: dict[str, str] = {
     "model.d_model": "d",
     "model.n_layers": "L",
     "model.position_embedding": "pe",
+    "model.short_conv": "conv",
     "model.mixer.d_conv": "conv",
     "model.mixer.kernel_size": "k",
     "model.mixer.conv_kernel_size": "k",

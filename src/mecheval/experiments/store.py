@@ -200,7 +200,8 @@ def mechanism_summary(experiment_dir: str | Path) -> pd.DataFrame:
 
 
 def label_records(experiment_dir: str | Path) -> pd.DataFrame:
-    """One row per run for the task x architecture matrix: run, task (kind), architecture,
+    """One row per run for the mechanism matrices: run, task (kind), short conv (the switch's
+    setting, None: the architecture's default), architecture,
     status, reason, dev accuracy (a fraction), and from ``mechanism.json`` the label, the
     test accuracy it was read with, and the role that recovers most with its fraction
     (empty where no label was written)."""
@@ -211,6 +212,7 @@ def label_records(experiment_dir: str | Path) -> pd.DataFrame:
         row: dict[str, Any] = {
             "run": run_dir.name,
             "task": config["task"]["kind"],
+            "short conv": config["model"].get("short_conv"),
             "architecture": config["model"]["architecture"],
             "status": status.get("state"),
             "reason": status.get("reason") or "",

@@ -26,7 +26,7 @@ from torch import nn
 
 from mecheval.errors import ConfigError
 from mecheval.models.config import ModelConfig
-from mecheval.models.mixers.base import Mixer
+from mecheval.models.mixers.base import Mixer, ShortConv
 from mecheval.models.registry import get_architecture, parse_options
 from mecheval.models.sites import Site, name_sites
 
@@ -93,6 +93,27 @@ class FinalNorm(nn.Module):
         return self.norm(x)
 
 
+def switched_options(config: ModelConfig) -> dict:
+    """The mixer options with the short-convolution switch applied: ``model.short_conv`` sets
+    the option that sizes the architecture's own short convs (``Architecture.short_conv``;
+    'none' -> null); an architecture without one gets a conv on its input instead (see
+    :class:`LanguageModel`), and one that refuses the switch is an error."""
+    switch = config.short_conv
+    if switch is None:
+        return config.mixer
+    arch = get_architecture(config.architecture)
+    if arch.no_conv_switch:
+        raise ConfigError(f"model.short_conv: {arch.name} {arch.no_conv_switch}")
+    if arch.short_conv is None:
+        return config.mixer
+    if arch.short_conv in config.mixer:
+        raise ConfigError(
+            f"model.short_conv: {arch.name} sizes its short conv with "
+            f"model.mixer.{arch.short_conv}, which is set too; set one of the two"
+        )
+    return {**config.mixer, arch.short_conv: None if switch == "none" else switch}
+
+
 class LanguageModel(nn.Module):
     """A causal LM. ``forward(tokens)`` -> logits [B, T, V]; ``forward(tokens, at=pos)`` ->
     logits [B, V] at one position per document (the query), skipping the rest of the head."""
@@ -105,7 +126,7 @@ class LanguageModel(nn.Module):
         positions = uses_position_embedding(config)
         if positions and config.max_len is None:
             raise ConfigError("model.max_len: must be set when position_embedding is on")
-        options = parse_options(config.architecture, config.mixer)
+        options = parse_options(config.architecture, switched_options(config))
         self.config = config
         d = config.d_model
         self.embedding = nn.Embedding(config.vocab_size, d)
@@ -114,6 +135,9 @@ class LanguageModel(nn.Module):
             mixers = [arch.build(i, d, options) for i in range(config.n_layers)]
         except ValueError as err:
             raise ConfigError(str(err)) from None
+        if isinstance(config.short_conv, int) and arch.short_conv is None:
+            for mixer in mixers:
+                mixer.short_conv = ShortConv(d, config.short_conv)
         self.layers = nn.ModuleList(Block(d, m, arch.mlp, arch.norm) for m in mixers)
         self.final_norm = FinalNorm(d)
         self.reset_parameters()

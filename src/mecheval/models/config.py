@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class ModelConfig(BaseModel):
@@ -22,8 +22,22 @@ class ModelConfig(BaseModel):
         description="learned absolute positions; unset: the architecture's default (the "
         "paper's figures: on for attention only, as in zoology; App. D.1)",
     )
+    short_conv: int | Literal["none"] | None = Field(
+        None,
+        description="the short-convolution switch: a kernel size (>= 1; the paper's are 1-4), "
+        "'none', or unset: the architecture's default. Sets the architecture's own short "
+        "convs where it has them (Mamba's d_conv, DeltaNet's q/k/v convs, ...), otherwise adds "
+        "one on the mixer's input (site layers.{i}.mixer.short_conv.output)",
+    )
     init_std: float = Field(0.02, gt=0.0)
     mixer: dict[str, Any] = Field(
         default_factory=dict,
         description="options of the chosen architecture (see its registry entry)",
     )
+
+    @field_validator("short_conv")
+    @classmethod
+    def _kernel_at_least_one(cls, v: int | str | None) -> int | str | None:
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"expected a kernel size >= 1, 'none' or null, got {v}")
+        return v

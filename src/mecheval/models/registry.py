@@ -58,6 +58,13 @@ class Architecture:
     #: ar_32 / pcfg_easy for attention, ar_32_nope / pcfg_easy_nope for the rest; App. D.1:
     #: "in the zoology codebase, only Attention is meant to be trained this way")
     position_embedding: bool = False
+    #: the short-convolution switch (``model.short_conv``): the mixer option that sizes the
+    #: architecture's own short conv(s), which accepts null to remove them ("d_conv"); None:
+    #: it has none, and the switch adds one on the mixer's input
+    short_conv: str | None = None
+    #: why the switch is refused for this architecture ("" = it is not), e.g. convs that
+    #: differ per layer, where "the" short conv would be ambiguous
+    no_conv_switch: str = ""
 
     @property
     def display(self) -> str:
@@ -97,11 +104,13 @@ def architecture(
     mlp: bool = True,
     norm: Literal["layer", "rms"] = "layer",
     position_embedding: bool = False,
+    short_conv: str | None = None,
 ) -> Callable[[Buildable], Buildable]:
     """Register a mixer under ``name``: decorate a :class:`Mixer` subclass built as
     ``cls(d_model, options)``, or a builder ``(layer, d_model, options) -> Mixer`` for an
     architecture whose layers differ (like Based). ``options`` is the pydantic model of its
-    ``model.mixer`` settings."""
+    ``model.mixer`` settings; ``short_conv`` names the option that sizes its own short conv
+    (null: none), if it has one, for ``model.short_conv`` to set."""
 
     def decorate(target: Buildable) -> Buildable:
         if isinstance(target, type) and issubclass(target, Mixer):
@@ -124,6 +133,7 @@ def architecture(
                 mlp=mlp,
                 norm=norm,
                 position_embedding=position_embedding,
+                short_conv=short_conv,
             )
         )
         return target
@@ -242,6 +252,7 @@ register(
         mlp=False,
         norm="rms",
         init="mamba",
+        short_conv="d_conv",
     )
 )
 
@@ -252,6 +263,7 @@ register(
         options=HyenaOptions,
         build=lambda layer, d, opts: Hyena(d, opts),
         description="Hyena order 2: short conv, gating, implicit long conv (Poli et al., 2023)",
+        short_conv="short_filter_order",
     )
 )
 
@@ -272,6 +284,7 @@ register(
         options=DeltaNetOptions,
         build=lambda layer, d, opts: DeltaNet(d, opts),
         description="DeltaNet: delta-rule linear attention with short convs (Yang et al., 2024)",
+        short_conv="conv_size",
     )
 )
 
@@ -283,6 +296,8 @@ register(
         build=build_based,
         description="Based hybrid: BaseConv short-conv layers alternating with Taylor-feature "
         "linear attention (Arora et al., 2024b)",
+        no_conv_switch="alternates short-conv (BaseConv) and linear-attention layers: set the "
+        "BaseConv layers' kernel with model.mixer.conv_kernel_size",
     )
 )
 
@@ -294,6 +309,8 @@ register(
         build=build_baseconv,
         description="BaseConv: conv(u) * linear(u) + u, conv size per layer from a cycled list "
         "(-1 = implicit long conv) (Arora et al., 2024a)",
+        no_conv_switch="sizes its conv per layer, short or long (model.mixer.kernel_size): "
+        "its conv is the architecture itself",
     )
 )
 

@@ -1,15 +1,18 @@
-"""The mechanism matrix: architectures (rows) by tasks (columns), each cell the run's
-mechanism label (its colour) with its accuracy and the fraction recovered at its best role.
+"""The mechanism matrix: architectures (rows) by tasks, or by short-conv settings (columns),
+each cell the run's mechanism label (its colour) with its accuracy and the fraction recovered
+at its best role.
 
-Input is one row per run (``experiments.store.label_records``: run, task, architecture,
-status, reason, label, accuracy, best role, recovered, dev accuracy); the CLI reads it from
-the run folders and hands it here. A cell with several runs (seeds, LRs) shows the run with
-the highest dev accuracy, as the figures LR-tune.
+Input is one row per run (``experiments.store.label_records``: run, task, short conv,
+architecture, status, reason, label, accuracy, best role, recovered, dev accuracy); the CLI
+reads it from the run folders and hands it here. A cell with several runs (seeds, LRs) shows
+the run with the highest dev accuracy, as the figures LR-tune.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -20,7 +23,40 @@ from mecheval.models.registry import architecture_label, architecture_rank
 from mecheval.report.render import FigureResult, md_table
 from mecheval.tasks import TASKS
 
-NAME = "task-matrix"
+
+@dataclass(frozen=True)
+class Columns:
+    """What the matrix's columns are: a column of the records, its order and labels."""
+
+    column: str
+    name: str  # the figure's name
+    what: str  # "task"
+    order: Callable[[Any], Any]
+    label: Callable[[Any], str]
+
+
+def _task_order(kind: Any) -> int:
+    return list(TASKS).index(kind) if kind in TASKS else len(TASKS)
+
+
+def _task_label(kind: Any) -> str:
+    return TASKS[kind].label if kind in TASKS else str(kind)
+
+
+def _conv_order(value: Any) -> tuple[int, float]:
+    if _missing(value):
+        return (1, 0.0)
+    return (0, 0.0) if value == "none" else (2, float(value))
+
+
+def _conv_label(value: Any) -> str:
+    if _missing(value):
+        return "default"
+    return "no short conv" if value == "none" else f"short conv {int(float(value))}"
+
+
+TASK_COLUMNS = Columns("task", "task-matrix", "task", _task_order, _task_label)
+CONV_COLUMNS = Columns("short conv", "conv-switch", "short-conv setting", _conv_order, _conv_label)
 #: A colour per label (interventions/labels.py), in the legend's order.
 LABEL_COLOURS = {
     "induction": "#4c72b0",
@@ -43,23 +79,22 @@ def _percent(value: Any) -> str:
     return "–" if _missing(value) else f"{100 * float(value):.0f}"
 
 
-def best_runs(records: pd.DataFrame) -> pd.DataFrame:
-    """One run per (task, architecture): the one with the highest dev accuracy (failed and
-    unmeasured runs last), in the registries' orders (architectures as the paper's figures,
-    tasks as registered)."""
+def best_runs(records: pd.DataFrame, columns: Columns = TASK_COLUMNS) -> pd.DataFrame:
+    """One run per (column value, architecture): the one with the highest dev accuracy (failed
+    and unmeasured runs last), architectures in the paper's order, columns in ``columns``'."""
     if records.empty:
         return records
+    key = records[columns.column].map(lambda v: "<default>" if _missing(v) else str(v))
     ranked = records.assign(
+        _key=key,
         _done=records["status"] == "done",
         _dev=records["dev accuracy"].astype(float).fillna(-1.0),
     ).sort_values(["_done", "_dev"], ascending=False, kind="stable")
-    best = ranked.drop_duplicates(["task", "architecture"]).drop(columns=["_done", "_dev"])
-    task_order = {kind: i for i, kind in enumerate(TASKS)}
-    return best.sort_values(
-        ["architecture", "task"],
-        key=lambda c: c.map(architecture_rank if c.name == "architecture" else task_order.get),
-        kind="stable",
-    ).reset_index(drop=True)
+    best = ranked.drop_duplicates(["_key", "architecture"])
+    order = best[columns.column].map(columns.order)
+    best = best.assign(_rank=best["architecture"].map(architecture_rank), _order=order)
+    best = best.sort_values(["_rank", "_order"], kind="stable")
+    return best.drop(columns=["_key", "_done", "_dev", "_rank", "_order"]).reset_index(drop=True)
 
 
 def cell_text(row: pd.Series) -> str:
@@ -76,47 +111,62 @@ def _best_role(row: pd.Series) -> str:
     return f"{row['best role']} {_percent(row['recovered'])}%"
 
 
-def _axes(best: pd.DataFrame) -> tuple[list[str], list[str]]:
+def _axes(best: pd.DataFrame, columns: Columns) -> tuple[list[str], list[Any]]:
     archs = list(dict.fromkeys(best["architecture"]))
-    tasks = sorted(
-        dict.fromkeys(best["task"]),
-        key=lambda k: list(TASKS).index(k) if k in TASKS else len(TASKS),
+    values = sorted(
+        {_cell_key(v): v for v in best[columns.column]}.values(),
+        key=columns.order,
     )
-    return archs, tasks
+    return archs, values
 
 
-def _task_label(kind: str) -> str:
-    return TASKS[kind].label if kind in TASKS else kind
+def _cell_key(value: Any) -> str:
+    return "<default>" if _missing(value) else str(value)
 
 
-def matrix_markdown(best: pd.DataFrame) -> str:
-    archs, tasks = _axes(best)
-    cells = {(r["architecture"], r["task"]): cell_text(r) for _, r in best.iterrows()}
-    rows = [[architecture_label(a), *(cells.get((a, t), "") for t in tasks)] for a in archs]
+def _cells(best: pd.DataFrame, columns: Columns) -> dict[tuple[str, str], pd.Series]:
+    return {(r["architecture"], _cell_key(r[columns.column])): r for _, r in best.iterrows()}
+
+
+def matrix_markdown(best: pd.DataFrame, columns: Columns = TASK_COLUMNS) -> str:
+    archs, values = _axes(best, columns)
+    cells = _cells(best, columns)
+    rows = [
+        [
+            architecture_label(a),
+            *(
+                cell_text(cells[a, _cell_key(v)]) if (a, _cell_key(v)) in cells else ""
+                for v in values
+            ),
+        ]
+        for a in archs
+    ]
     lines = [
-        f"## {NAME}: mechanism per architecture and task",
+        f"## {columns.name}: mechanism per architecture and {columns.what}",
         "",
         "Each cell: the mechanism label, the accuracy on the documents it was measured on "
         "(test split), and the role whose restore at the label site recovers most of what "
         "corrupting the key removed, with that fraction. Where a cell had several runs, the "
         "one with the highest final dev accuracy.",
         "",
-        *md_table(["architecture", *(_task_label(t) for t in tasks)], rows),
+        *md_table(["architecture", *(columns.label(v) for v in values)], rows),
     ]
     return "\n".join(lines) + "\n"
 
 
-def matrix_figure(best: pd.DataFrame) -> Figure:
-    archs, tasks = _axes(best)
-    width = 1.9 * len(tasks) + 1.6
+def matrix_figure(best: pd.DataFrame, columns: Columns = TASK_COLUMNS) -> Figure:
+    archs, values = _axes(best, columns)
+    width = 1.9 * len(values) + 1.6
     height = 0.55 * len(archs) + 1.9
     fig = Figure(figsize=(width, height), layout="constrained")
-    fig.suptitle(f"{NAME}: mechanism label per architecture and task", fontsize=10)
+    fig.suptitle(
+        f"{columns.name}: mechanism label per architecture and {columns.what}", fontsize=10
+    )
     ax = fig.subplots()
-    by_cell = {(r["architecture"], r["task"]): r for _, r in best.iterrows()}
+    cells = _cells(best, columns)
     for i, arch in enumerate(archs):
-        for j, task in enumerate(tasks):
-            row = by_cell.get((arch, task))
+        for j, value in enumerate(values):
+            row = cells.get((arch, _cell_key(value)))
             label = None if row is None or _missing(row["label"]) else str(row["label"])
             colour = LABEL_COLOURS.get(label, NO_LABEL) if label else NO_LABEL
             ax.add_patch(Rectangle((j, i), 1, 1, facecolor=colour, edgecolor="white", lw=1.5))
@@ -127,9 +177,11 @@ def matrix_figure(best: pd.DataFrame) -> Figure:
             else:
                 text = f"acc {_percent(row['accuracy'])}%\n{_best_role(row)}"
             ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=6.5)
-    ax.set_xlim(0, len(tasks))
+    ax.set_xlim(0, len(values))
     ax.set_ylim(len(archs), 0)
-    ax.set_xticks([j + 0.5 for j in range(len(tasks))], [_task_label(t) for t in tasks], fontsize=7)
+    ax.set_xticks(
+        [j + 0.5 for j in range(len(values))], [columns.label(v) for v in values], fontsize=7
+    )
     ax.set_yticks(
         [i + 0.5 for i in range(len(archs))], [architecture_label(a) for a in archs], fontsize=7
     )
@@ -148,9 +200,13 @@ def matrix_figure(best: pd.DataFrame) -> Figure:
     return fig
 
 
-def render_matrix(records: pd.DataFrame) -> FigureResult:
-    """The matrix of ``records`` (``experiments.store.label_records``) as a figure result."""
-    best = best_runs(records)
+def render_matrix(records: pd.DataFrame, columns: Columns = TASK_COLUMNS) -> FigureResult:
+    """The matrix of ``records`` (``experiments.store.label_records``) as a figure result:
+    architectures by ``columns`` (tasks, or short-conv settings)."""
+    best = best_runs(records, columns)
     return FigureResult(
-        name=NAME, markdown=matrix_markdown(best), figure=matrix_figure(best), data=best
+        name=columns.name,
+        markdown=matrix_markdown(best, columns),
+        figure=matrix_figure(best, columns),
+        data=best,
     )

@@ -48,11 +48,11 @@ def figure(name: str) -> Callable[[Spec], Spec]:
 def available_figures(
     df: pd.DataFrame, names: Sequence[str] | None = None
 ) -> tuple[list[FigureResult], dict[str, str]]:
-    """Every figure (or those named) that the table has data for, and why the others are
-    missing (name -> the one-line ConfigError message)."""
+    """Every figure (``names`` None) or those named (possibly none) that the table has data
+    for, and why the others are missing (name -> the one-line ConfigError message)."""
     results, skipped = [], {}
     df = normalise(df)
-    for name in names or list(FIGURES):
+    for name in list(FIGURES) if names is None else names:
         if name not in FIGURES:
             raise ConfigError(f"--figure: unknown figure {name!r} (valid: {', '.join(FIGURES)})")
         try:

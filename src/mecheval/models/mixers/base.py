@@ -38,16 +38,22 @@ class Mixer(nn.Module):
     """A causal sequence mixer [B, T, d] -> [B, T, d] framed by two sites.
 
     Subclasses implement :meth:`mix`; the sites ``input`` and ``output`` make
-    ``layers.{i}.mixer.input`` / ``layers.{i}.mixer.output`` addressable.
+    ``layers.{i}.mixer.input`` / ``layers.{i}.mixer.output`` addressable. ``short_conv`` is
+    the short-convolution switch's conv on the mixer's input (``model.short_conv`` on an
+    architecture without convs of its own): the backbone sets it, :meth:`mix` sees its output.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.input = Site()
+        self.short_conv: ShortConv | None = None
         self.output = Site()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.output(self.mix(self.input(x)))
+        x = self.input(x)
+        if self.short_conv is not None:
+            x = self.short_conv(x)
+        return self.output(self.mix(x))
 
     def mix(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -103,3 +109,9 @@ class ShortConv(nn.Module):
         for j in range(k - 1):
             y = torch.addcmul(y, xp[:, j : j + t], w[:, j])
         return self.output(y)
+
+
+def optional_conv(channels: int, kernel_size: int | None, bias: bool = True) -> nn.Module:
+    """A :class:`ShortConv`, or where ``kernel_size`` is None (the short-conv switch set to
+    'none') the identity, which has no site."""
+    return nn.Identity() if kernel_size is None else ShortConv(channels, kernel_size, bias)

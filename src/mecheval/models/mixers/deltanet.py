@@ -31,14 +31,19 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from mecheval.models.mixers.base import Mixer, ShortConv
+from mecheval.models.mixers.base import Mixer, optional_conv
 
 
 class DeltaNetOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     num_heads: int = Field(1, ge=1)
-    conv_size: int = Field(4, ge=1, description="kernel size of the q, k and v short convs")
+    conv_size: int | None = Field(
+        4,
+        ge=1,
+        description="kernel size of the q, k and v short convs (null: none, fla's "
+        "use_short_conv=False)",
+    )
     conv_bias: bool = False
     output_norm: bool = Field(True, description="RMSNorm of each head's output before o_proj")
     norm_eps: float = Field(1e-5, gt=0.0)
@@ -130,9 +135,9 @@ class DeltaNet(Mixer):
         self.k_proj = nn.Linear(d_model, d_model, bias=False)
         self.v_proj = nn.Linear(d_model, d_model, bias=False)
         self.b_proj = nn.Linear(d_model, options.num_heads, bias=False)
-        self.q_conv = ShortConv(d_model, options.conv_size, bias=options.conv_bias)
-        self.k_conv = ShortConv(d_model, options.conv_size, bias=options.conv_bias)
-        self.v_conv = ShortConv(d_model, options.conv_size, bias=options.conv_bias)
+        self.q_conv = optional_conv(d_model, options.conv_size, bias=options.conv_bias)
+        self.k_conv = optional_conv(d_model, options.conv_size, bias=options.conv_bias)
+        self.v_conv = optional_conv(d_model, options.conv_size, bias=options.conv_bias)
         self.o_norm = (
             nn.RMSNorm(self.head_dim, eps=options.norm_eps) if options.output_norm else None
         )

@@ -28,7 +28,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
-from mecheval.models.mixers.base import Mixer, ShortConv, table1_constant
+from mecheval.models.mixers.base import Mixer, ShortConv, optional_conv, table1_constant
 from mecheval.models.mixers.long_conv import ImplicitFilter, ImplicitLongConv
 
 
@@ -37,7 +37,9 @@ class HyenaOptions(BaseModel):
     l_max: int = Field(1024, ge=1, description="longest sequence the implicit filter covers")
     filter_order: int = Field(64, ge=1, description="width of the implicit filter MLP")
     emb_dim: int = Field(3, ge=3, description="positional features of the filter (odd)")
-    short_filter_order: int = Field(3, ge=1, description="size of the short causal conv")
+    short_filter_order: int | None = Field(
+        3, ge=1, description="size of the short causal conv (null: none)"
+    )
     long_conv_skip: bool = Field(
         False,
         description="add the learned D * input skip to the long conv (paper's runs: off, "
@@ -63,7 +65,7 @@ class Hyena(Mixer):
         super().__init__()
         self.d_model = d_model
         self.in_proj = nn.Linear(d_model, 3 * d_model)
-        self.conv = ShortConv(3 * d_model, options.short_filter_order)
+        self.conv = optional_conv(3 * d_model, options.short_filter_order)
         self.long_conv = ImplicitLongConv(
             ImplicitFilter(
                 d_model,
@@ -77,7 +79,8 @@ class Hyena(Mixer):
         self.out_proj = nn.Linear(d_model, d_model)
 
     def init_special(self) -> None:
-        self.conv.reset_parameters()
+        if isinstance(self.conv, ShortConv):
+            self.conv.reset_parameters()
         self.long_conv.reset_special()
 
     def max_length(self) -> int:

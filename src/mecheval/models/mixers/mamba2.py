@@ -17,8 +17,8 @@ in_proj and out_proj have no bias, the conv has one, D is one scalar per head
 Defaults are mamba_ssm's (expand 2, d_conv 4, ngroups 1, A ~ U[1, 16], Δ's init log-uniform in
 [1e-3, 1e-1] floored at 1e-4, through an inverse softplus into dt_bias), with three choices:
 
-* ``d_state`` defaults to 64, ``Mamba2Simple``'s value (``Mamba2``'s is 128): the brief
-  mecheval was written to; 128 is one option away;
+* ``d_state`` defaults to 64, ``Mamba2Simple``'s value (``modules/mamba2.py``'s ``Mamba2``
+  defaults to 128, which is ``d_state: 128``);
 * ``headdim`` defaults to null = gcd(64, d_inner): mamba_ssm's 64 wherever 64 divides d_inner
   (d_model = 64 gives 2 heads of 64, as the reference), and the largest power-of-two divisor
   below it otherwise (d_model = 16: one head of 32), so that every width builds. An explicit
@@ -27,9 +27,11 @@ Defaults are mamba_ssm's (expand 2, d_conv 4, ngroups 1, A ~ U[1, 16], Δ's init
   (the output is the same function of the input) and short chunks suit the CPU at the
   paper's lengths.
 
-``dt_limit`` (no clamp by default in the reference), ``D_has_hdim``, ``rmsnorm=False``,
-``d_ssm`` and learnable initial states are not offered. transformers' ``Mamba2Mixer`` inits A
-as 1..H rather than U[1, 16] and zeroes the conv bias; mecheval follows mamba_ssm.
+``d_conv: null`` removes the conv (no ``mixer.conv.output`` site), as Mamba's "no conv"
+ablation does. ``dt_limit`` (no clamp by default in the reference), ``D_has_hdim``,
+``rmsnorm=False``, ``d_ssm`` and learnable initial states are not offered. transformers'
+``Mamba2Mixer`` inits A as 1..H rather than U[1, 16] and zeroes the conv bias; mecheval
+follows mamba_ssm.
 
 The SSD scan has two implementations: :func:`ssd_chunked`, the chunked "dual" form used in the
 forward pass (Dao & Gu, 2024, §6; ``ssd_minimal_discrete``), and :func:`ssd_recurrent`, the

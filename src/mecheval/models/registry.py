@@ -32,9 +32,11 @@ from mecheval.models.mixers.base import Mixer
 from mecheval.models.mixers.baseconv import BaseConvOptions, build_baseconv
 from mecheval.models.mixers.based import BasedOptions, build_based
 from mecheval.models.mixers.deltanet import DeltaNet, DeltaNetOptions
+from mecheval.models.mixers.gated_deltanet import GatedDeltaNet, GatedDeltaNetOptions
 from mecheval.models.mixers.h3 import H3, H3Options
 from mecheval.models.mixers.hyena import Hyena, HyenaOptions
 from mecheval.models.mixers.mamba import Mamba, MambaOptions
+from mecheval.models.mixers.mamba2 import Mamba2, Mamba2Options
 
 #: (layer index, d_model, validated options) -> mixer for that layer
 MixerBuilder = Callable[[int, int, BaseModel], Mixer]
@@ -330,6 +332,32 @@ PAPER_ARCHITECTURES = tuple(ARCHITECTURES)
 
 # ------------------------------------------------------------- architectures beyond the paper
 # Registered after the paper's seven; `reproduce --archs all` adds them to an experiment.
+
+register(
+    Architecture(
+        name="mamba2",
+        label="Mamba-2",
+        options=Mamba2Options,
+        build=lambda layer, d, opts: Mamba2(d, opts),
+        description="Mamba-2: SSD, a selective SSM with one scalar decay per head, one short "
+        "conv over x, B, C and a gated RMSNorm (Dao & Gu, 2024); no MLP, RMSNorm",
+        # mamba_ssm's Mamba-2 LM is built like its Mamba LM: no MLP, RMSNorm, its init.
+        mlp=False,
+        norm="rms",
+        init="mamba",
+    )
+)
+
+register(
+    Architecture(
+        name="gated_deltanet",
+        label="Gated DeltaNet",
+        options=GatedDeltaNetOptions,
+        build=lambda layer, d, opts: GatedDeltaNet(d, opts),
+        description="Gated DeltaNet: the delta rule with a Mamba-2 style decay gate, short "
+        "convs and an output gate (Yang et al., 2025)",
+    )
+)
 
 #: Every architecture that comes with mecheval: the paper's, then the others.
 BUILTIN_ARCHITECTURES = tuple(ARCHITECTURES)

@@ -1,0 +1,317 @@
+"""Mamba-2 block (Dao & Gu, 2024: "Transformers are SSMs", state space duality), as
+``mamba_ssm``'s ``modules/mamba2.py`` ``Mamba2`` (and transformers' ``Mamba2Mixer``) builds it:
+
+    z, xBC, dt = in_proj(u)                     d -> d_inner + (d_inner + 2 G N) + H
+    x, B, C    = SiLU(conv(xBC))                one causal depthwise conv over x, B and C together
+    Δ          = softplus(dt + dt_bias)         one step size per head
+    h_t        = exp(Δ_t A) h_{t-1} + Δ_t x_t B_tᵀ    per head, A = -exp(A_log) a scalar per head,
+    y_t        = h_t C_t + D x_t                      h_t: [headdim, N]; B, C shared by the
+                                                      heads of a group (ngroups G)
+    out        = out_proj(RMSNorm_group(y ⊙ SiLU(z)))  gated RMSNorm, gate before the norm
+                                                       (mamba_ssm: norm_before_gate=False)
+
+d_inner = expand · d_model, H = d_inner / headdim heads, N = d_state. As in the reference,
+in_proj and out_proj have no bias, the conv has one, D is one scalar per head
+(D_has_hdim=False) and the norm (eps 1e-5) normalises each group of d_inner / G channels.
+
+Defaults are mamba_ssm's (expand 2, d_conv 4, ngroups 1, A ~ U[1, 16], Δ's init log-uniform in
+[1e-3, 1e-1] floored at 1e-4, through an inverse softplus into dt_bias), with three choices:
+
+* ``d_state`` defaults to 64, ``Mamba2Simple``'s value (``modules/mamba2.py``'s ``Mamba2``
+  defaults to 128, which is ``d_state: 128``);
+* ``headdim`` defaults to null = gcd(64, d_inner): mamba_ssm's 64 wherever 64 divides d_inner
+  (d_model = 64 gives 2 heads of 64, as the reference), and the largest power-of-two divisor
+  below it otherwise (d_model = 16: one head of 32), so that every width builds. An explicit
+  headdim that does not divide d_inner is an error naming ``model.mixer.headdim``;
+* ``chunk_size`` defaults to 16, not the kernel's 256: it only changes the arithmetic order
+  (the output is the same function of the input) and short chunks suit the CPU at the
+  paper's lengths.
+
+``d_conv: null`` removes the conv (no ``mixer.conv.output`` site), as Mamba's "no conv"
+ablation does. ``dt_limit`` (no clamp by default in the reference), ``D_has_hdim``,
+``rmsnorm=False``, ``d_ssm`` and learnable initial states are not offered. transformers'
+``Mamba2Mixer`` inits A as 1..H rather than U[1, 16] and zeroes the conv bias; mecheval
+follows mamba_ssm.
+
+The SSD scan has two implementations: :func:`ssd_chunked`, the chunked "dual" form used in the
+forward pass (Dao & Gu, 2024, §6; ``ssd_minimal_discrete``), and :func:`ssd_recurrent`, the
+step-by-step recurrence that tests hold it to.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from torch import nn
+
+from mecheval.models.mixers.base import Mixer, ShortConv
+
+#: mamba_ssm's default head size, used wherever it divides d_inner
+REFERENCE_HEADDIM = 64
+
+
+class Mamba2Options(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    d_state: int = Field(64, ge=1, description="SSM state size N per head")
+    expand: int = Field(2, ge=1, description="d_inner = expand * d_model")
+    headdim: int | None = Field(
+        None, ge=1, description="channels per head; null = gcd(64, d_inner) (64 where it fits)"
+    )
+    ngroups: int = Field(1, ge=1, description="groups of heads sharing B and C")
+    d_conv: int | None = Field(
+        4, ge=1, description="short conv kernel size over x, B, C; null removes the conv"
+    )
+    conv_bias: bool = True
+    bias: bool = Field(False, description="bias of in_proj and out_proj")
+    A_init_range: tuple[float, float] = Field(
+        (1.0, 16.0), description="A = -U[lo, hi] per head at init (A_log = log U)"
+    )
+    dt_min: float = Field(1e-3, gt=0.0, description="Δ init is log-uniform in [dt_min, dt_max]")
+    dt_max: float = Field(1e-1, gt=0.0)
+    dt_init_floor: float = Field(1e-4, gt=0.0)
+    norm_eps: float = Field(1e-5, gt=0.0, description="eps of the gated RMSNorm")
+    chunk_size: int = Field(16, ge=1, description="block length of the chunked SSD form")
+
+    @field_validator("A_init_range")
+    @classmethod
+    def _a_range(cls, value: tuple[float, float]) -> tuple[float, float]:
+        low, high = value
+        if not 0 < low <= high:
+            raise ValueError(f"expected 0 < low <= high, got {list(value)}")
+        return value
+
+    @field_validator("dt_max")
+    @classmethod
+    def _dt_range(cls, value: float, info: ValidationInfo) -> float:
+        low = info.data.get("dt_min")
+        if low is not None and value < low:
+            raise ValueError(f"must not be below dt_min={low}")
+        return value
+
+
+def ssd_recurrent(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+) -> torch.Tensor:
+    """The SSD recurrence one step at a time (the specification, not for speed).
+
+    x: [batch, T, H, P]; dt: [batch, T, H] (already softplus-ed); A, D: [H];
+    B, C: [batch, T, G, N] with H a multiple of G (head h reads group h // (H / G))
+    -> y: [batch, T, H, P], where per head
+    h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_tᵀ,  y_t = h_t C_t + D x_t.
+    """
+    batch, length, heads, p = x.shape
+    per_group = heads // B.shape[2]
+    B = B.repeat_interleave(per_group, dim=2)  # [batch, T, H, N]
+    C = C.repeat_interleave(per_group, dim=2)
+    state = x.new_zeros(batch, heads, p, B.shape[-1])
+    ys = []
+    for t in range(length):
+        decay = torch.exp(dt[:, t] * A)[..., None, None]
+        drive = (dt[:, t, :, None] * x[:, t])[..., None] * B[:, t, :, None, :]
+        state = decay * state + drive
+        ys.append((state * C[:, t, :, None, :]).sum(-1) + D[:, None] * x[:, t])
+    return torch.stack(ys, dim=1)
+
+
+def segment_sums(a: torch.Tensor) -> torch.Tensor:
+    """a [..., c] -> S [..., c, c] with S[l, s] = a_{s+1} + ... + a_l for s ≤ l (0 on the
+    diagonal) and -inf for s > l, so that exp(S) is the causal decay matrix.
+
+    Each entry sums its own span (a masked cumsum, as mamba_ssm's ``segsum``), not the
+    difference Λ_l - Λ_s of two running sums: with large decays the running sums reach
+    thousands and their difference would lose the small spans to cancellation (float32:
+    ~1e-3 relative error in the decays at |Λ| ~ 1e4). A sum of terms ≤ 0 is ≤ 0 in floating
+    point too, so every exponent is ≤ 0; entries above the diagonal are -inf before any exp,
+    so their gradients are 0, not inf · 0.
+    """
+    c = a.shape[-1]
+    ones = torch.ones(c, c, dtype=torch.bool, device=a.device)
+    rows = a[..., :, None].expand(*a.shape, c)  # rows[..., i, s] = a_i
+    sums = rows.masked_fill(~ones.tril(-1), 0.0).cumsum(-2)  # Σ_{s < i ≤ l} a_i
+    return sums.masked_fill(~ones.tril(), -math.inf)
+
+
+def ssd_chunked(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    chunk_size: int,
+) -> torch.Tensor:
+    """The same function as :func:`ssd_recurrent`, in chunks of ``chunk_size`` steps.
+
+    With a_t = dt_t A (≤ 0), Λ_t its running sum inside a chunk and S[l, s] = a_{s+1} + ... +
+    a_l (:func:`segment_sums`), the output splits into
+    * within the chunk: y_l = Σ_{s≤l} (C_l · B_s) exp(S[l, s]) dt_s x_s (a masked,
+      attention-like product: the "dual" quadratic form);
+    * from earlier chunks: y_l += exp(Λ_l) C_l · h_in, with h_in the state entering the chunk.
+    Each chunk's own contribution to the state at its end is Σ_s exp(S[end, s]) dt_s x_s B_sᵀ,
+    and the state entering chunk z sums those of chunks j < z, decayed by the total decay of
+    the chunks between (segment sums again, over chunk totals). Every exponent is a sum of
+    a's, hence ≤ 0: no exp overflows, whatever Δ and A become in training.
+    """
+    batch, length, heads, p = x.shape
+    groups, n_state = B.shape[2], B.shape[3]
+    per_group = heads // groups
+    c = chunk_size
+    n = -(-length // c)
+    pad = n * c - length
+    x_in = x
+    if pad:
+        # Trailing zeros: dt = 0 neither decays nor writes, and the padded outputs are dropped.
+        x = F.pad(x, (0, 0, 0, 0, 0, pad))
+        dt = F.pad(dt, (0, 0, 0, pad))
+        B = F.pad(B, (0, 0, 0, 0, 0, pad))
+        C = F.pad(C, (0, 0, 0, 0, 0, pad))
+    # Heads split as (group, head in group): head h = g * per_group + r reads group g.
+    xdt = (x * dt[..., None]).reshape(batch, n, c, groups, per_group, p)
+    Bc = B.reshape(batch, n, c, groups, n_state)
+    Cc = C.reshape(batch, n, c, groups, n_state)
+    log_decay = (dt * A).reshape(batch, n, c, groups, per_group).permute(0, 3, 4, 1, 2)
+    segment = segment_sums(log_decay)  # [batch, G, R, n, c, c]
+
+    scores = torch.einsum("bnlgm,bnsgm->bgnls", Cc, Bc)[:, :, None] * segment.exp()
+    y = torch.einsum("bgrnls,bnsgrp->bnlgrp", scores, xdt)
+
+    if n > 1:
+        # Each chunk's contribution to the state at its own end: [batch, n, G, R, P, N].
+        to_end = segment[..., -1, :].exp()
+        states = torch.einsum("bnsgm,bgrns,bnsgrp->bngrpm", Bc, to_end, xdt)
+        # State entering chunk z = Σ_{j<z} exp(total decay of chunks j+1 .. z-1) states_j:
+        # row z of the chunk totals' segment sums is row z - 1 shifted down (row 0: nothing).
+        between = segment_sums(log_decay.sum(-1))[..., :-1, :]
+        between = F.pad(between, (0, 0, 1, 0), value=-math.inf)
+        entering = torch.einsum("bgrzj,bjgrpm->bzgrpm", between.exp(), states)
+        into = log_decay.cumsum(-1).exp()  # exp(Λ_l): decay from the chunk's start to l
+        y = y + torch.einsum("bnlgm,bngrpm,bgrnl->bnlgrp", Cc, entering, into)
+
+    y = y.reshape(batch, n * c, heads, p)[:, :length]
+    return y + D[:, None] * x_in
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm with a SiLU gate, over groups of ``group_size`` channels (weight over all).
+
+    ``norm_before_gate=False`` (mamba_ssm's ``RMSNormGated`` in Mamba-2):
+    ``norm(x ⊙ SiLU(gate)) ⊙ w``; ``True`` (fla's ``FusedRMSNormGated``):
+    ``norm(x) ⊙ w ⊙ SiLU(gate)``. Without a gate it is a plain (grouped) RMSNorm.
+    """
+
+    def __init__(
+        self, dim: int, eps: float, group_size: int | None = None, norm_before_gate: bool = False
+    ) -> None:
+        super().__init__()
+        self.eps = eps
+        self.group_size = group_size or dim
+        self.norm_before_gate = norm_before_gate
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        if gate is not None and not self.norm_before_gate:
+            x = x * F.silu(gate)
+        grouped = x.unflatten(-1, (-1, self.group_size))
+        grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.eps)
+        x = grouped.flatten(-2) * self.weight
+        if gate is not None and self.norm_before_gate:
+            x = x * F.silu(gate)
+        return x
+
+
+def default_headdim(d_inner: int) -> int:
+    return math.gcd(REFERENCE_HEADDIM, d_inner)
+
+
+class Mamba2(Mixer):
+    def __init__(self, d_model: int, options: Mamba2Options) -> None:
+        super().__init__()
+        o = options
+        self.options = o
+        self.d_inner = o.expand * d_model
+        self.headdim = o.headdim or default_headdim(self.d_inner)
+        if self.d_inner % self.headdim:
+            raise ValueError(
+                f"model.mixer.headdim: {self.headdim} does not divide d_inner = expand * d_model "
+                f"= {self.d_inner}"
+            )
+        self.nheads = self.d_inner // self.headdim
+        if self.nheads % o.ngroups:
+            raise ValueError(
+                f"model.mixer.ngroups: {o.ngroups} does not divide the {self.nheads} heads "
+                f"(d_inner {self.d_inner} / headdim {self.headdim})"
+            )
+        self.ngroups = o.ngroups
+        self.d_state = o.d_state
+        self.conv_dim = self.d_inner + 2 * o.ngroups * o.d_state
+
+        # Order as the reference: [z, x, B, C, dt].
+        self.in_proj = nn.Linear(d_model, self.d_inner + self.conv_dim + self.nheads, bias=o.bias)
+        if o.d_conv is not None:
+            self.conv = ShortConv(self.conv_dim, o.d_conv, bias=o.conv_bias)
+        self.dt_bias = nn.Parameter(torch.empty(self.nheads))
+        self.A_log = nn.Parameter(torch.empty(self.nheads))
+        self.D = nn.Parameter(torch.empty(self.nheads))
+        self.norm = GatedRMSNorm(
+            self.d_inner, o.norm_eps, group_size=self.d_inner // o.ngroups, norm_before_gate=False
+        )
+        self.out_proj = nn.Linear(self.d_inner, d_model, bias=o.bias)
+        self.init_special()
+
+    @property
+    def has_conv(self) -> bool:
+        return self.options.d_conv is not None
+
+    @torch.no_grad()
+    def init_special(self) -> None:
+        o = self.options
+        # Δ = softplus(dt_bias) at zero input: log-uniform in [dt_min, dt_max], floored.
+        log_dt = torch.rand(self.nheads) * (math.log(o.dt_max) - math.log(o.dt_min))
+        dt = torch.exp(log_dt + math.log(o.dt_min)).clamp(min=o.dt_init_floor)
+        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+        self.A_log.copy_(torch.log(torch.empty(self.nheads).uniform_(*o.A_init_range)))
+        self.D.fill_(1.0)
+        self.norm.weight.fill_(1.0)
+
+    def ssd_inputs(
+        self, u: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """u [batch, T, d] -> x [batch, T, H, P], Δ [batch, T, H], B, C [batch, T, G, N], z."""
+        batch, length, _ = u.shape
+        z, xbc, dt = self.in_proj(u).split([self.d_inner, self.conv_dim, self.nheads], dim=-1)
+        if self.has_conv:
+            xbc = self.conv(xbc)
+        xbc = F.silu(xbc)
+        groups_state = self.ngroups * self.d_state
+        x, b, c = xbc.split([self.d_inner, groups_state, groups_state], dim=-1)
+        x = x.view(batch, length, self.nheads, self.headdim)
+        b = b.view(batch, length, self.ngroups, self.d_state)
+        c = c.view(batch, length, self.ngroups, self.d_state)
+        delta = F.softplus(dt + self.dt_bias)
+        return x, delta, b, c, z
+
+    def A(self) -> torch.Tensor:
+        return -torch.exp(self.A_log)
+
+    def finish(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """SSD output [batch, T, H, P] and gate z -> mixer output [batch, T, d]."""
+        return self.out_proj(self.norm(y.flatten(2), z))
+
+    def mix(self, u: torch.Tensor) -> torch.Tensor:
+        x, delta, b, c, z = self.ssd_inputs(u)
+        y = ssd_chunked(x, delta, self.A(), b, c, self.D, self.options.chunk_size)
+        return self.finish(y, z)
+
+    def mix_recurrent(self, u: torch.Tensor) -> torch.Tensor:
+        """:meth:`mix` with the step-by-step recurrence (for tests and debugging)."""
+        x, delta, b, c, z = self.ssd_inputs(u)
+        return self.finish(ssd_recurrent(x, delta, self.A(), b, c, self.D), z)

@@ -28,7 +28,13 @@ def tokens(t: int = 13, seed: int = 0) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     ("arch", "option", "k"),
-    [("mamba", "d_conv", 2), ("deltanet", "conv_size", 3), ("hyena", "short_filter_order", 2)],
+    [
+        ("mamba", "d_conv", 2),
+        ("deltanet", "conv_size", 3),
+        ("hyena", "short_filter_order", 2),
+        ("mamba2", "d_conv", 3),
+        ("gated_deltanet", "conv_size", 2),
+    ],
 )
 def test_the_switch_is_the_architectures_own_option(arch: str, option: str, k: int) -> None:
     switched, direct = make(arch, short_conv=k), make(arch, mixer={option: k})

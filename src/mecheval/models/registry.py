@@ -345,6 +345,7 @@ register(
         mlp=False,
         norm="rms",
         init="mamba",
+        short_conv="d_conv",
     )
 )
 
@@ -356,6 +357,7 @@ register(
         build=lambda layer, d, opts: GatedDeltaNet(d, opts),
         description="Gated DeltaNet: the delta rule with a Mamba-2 style decay gate, short "
         "convs and an output gate (Yang et al., 2025)",
+        short_conv="conv_size",
     )
 )
 

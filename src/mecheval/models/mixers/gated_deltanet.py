@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from mecheval.models.mixers.base import Mixer, ShortConv
+from mecheval.models.mixers.base import Mixer, optional_conv
 from mecheval.models.mixers.deltanet import l2_normalize
 from mecheval.models.mixers.mamba2 import GatedRMSNorm, segment_sums
 
@@ -53,7 +53,9 @@ class GatedDeltaNetOptions(BaseModel):
     head_dim: int | None = Field(None, ge=1, description="q/k size per head; null = d / heads")
     expand_v: float = Field(2.0, gt=0.0, description="value head size = expand_v * head_dim")
     use_gate: bool = Field(True, description="output gate SiLU(g_proj x) after the head norm")
-    conv_size: int = Field(4, ge=1, description="kernel size of the q, k and v short convs")
+    conv_size: int | None = Field(
+        4, ge=1, description="kernel size of the q, k and v short convs (null: none)"
+    )
     conv_bias: bool = False
     norm_eps: float = Field(1e-5, gt=0.0)
     chunk_size: int = Field(16, ge=1, description="block length of the chunked form")
@@ -171,9 +173,9 @@ class GatedDeltaNet(Mixer):
         self.b_proj = nn.Linear(d_model, heads, bias=False)
         self.A_log = nn.Parameter(torch.empty(heads))
         self.dt_bias = nn.Parameter(torch.empty(heads))
-        self.q_conv = ShortConv(key_dim, o.conv_size, bias=o.conv_bias)
-        self.k_conv = ShortConv(key_dim, o.conv_size, bias=o.conv_bias)
-        self.v_conv = ShortConv(value_dim, o.conv_size, bias=o.conv_bias)
+        self.q_conv = optional_conv(key_dim, o.conv_size, bias=o.conv_bias)
+        self.k_conv = optional_conv(key_dim, o.conv_size, bias=o.conv_bias)
+        self.v_conv = optional_conv(value_dim, o.conv_size, bias=o.conv_bias)
         if o.use_gate:
             self.g_proj = nn.Linear(d_model, value_dim, bias=False)
         self.o_norm = GatedRMSNorm(self.head_v_dim, o.norm_eps, norm_before_gate=True)

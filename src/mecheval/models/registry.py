@@ -314,5 +314,20 @@ PAPER_ARCHITECTURES = tuple(ARCHITECTURES)
 # ------------------------------------------------------------- architectures beyond the paper
 # Registered after the paper's seven; `reproduce --archs all` adds them to an experiment.
 
+# GLA, RetNet and Hawk: modules gla.py, retnet.py, hawk.py (their docstrings name the reference
+# code each follows). Imported here so that this block stays self-contained.
+from mecheval.models.mixers.gla import GLA, GLAOptions  # noqa: E402
+
+register(
+    Architecture(
+        name="gla",
+        label="GLA",
+        options=GLAOptions,
+        build=lambda layer, d, opts: GLA(d, opts),
+        description="GLA: linear attention with a data-dependent per-channel decay and a "
+        "gated output, as fla's layer (Yang et al., 2024)",
+    )
+)
+
 #: Every architecture that comes with mecheval: the paper's, then the others.
 BUILTIN_ARCHITECTURES = tuple(ARCHITECTURES)

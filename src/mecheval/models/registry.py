@@ -317,6 +317,7 @@ PAPER_ARCHITECTURES = tuple(ARCHITECTURES)
 # GLA, RetNet and Hawk: modules gla.py, retnet.py, hawk.py (their docstrings name the reference
 # code each follows). Imported here so that this block stays self-contained.
 from mecheval.models.mixers.gla import GLA, GLAOptions  # noqa: E402
+from mecheval.models.mixers.retnet import RetNet, RetNetOptions  # noqa: E402
 
 register(
     Architecture(
@@ -326,6 +327,17 @@ register(
         build=lambda layer, d, opts: GLA(d, opts),
         description="GLA: linear attention with a data-dependent per-channel decay and a "
         "gated output, as fla's layer (Yang et al., 2024)",
+    )
+)
+
+register(
+    Architecture(
+        name="retnet",
+        label="RetNet",
+        options=RetNetOptions,
+        build=lambda layer, d, opts: RetNet(d, opts),
+        description="RetNet: multi-scale retention, fixed decay per head and RoPE, as fla's "
+        "layer (Sun et al., 2023)",
     )
 )
 

@@ -317,6 +317,7 @@ PAPER_ARCHITECTURES = tuple(ARCHITECTURES)
 # GLA, RetNet and Hawk: modules gla.py, retnet.py, hawk.py (their docstrings name the reference
 # code each follows). Imported here so that this block stays self-contained.
 from mecheval.models.mixers.gla import GLA, GLAOptions  # noqa: E402
+from mecheval.models.mixers.hawk import Hawk, HawkOptions  # noqa: E402
 from mecheval.models.mixers.retnet import RetNet, RetNetOptions  # noqa: E402
 
 register(
@@ -338,6 +339,17 @@ register(
         build=lambda layer, d, opts: RetNet(d, opts),
         description="RetNet: multi-scale retention, fixed decay per head and RoPE, as fla's "
         "layer (Sun et al., 2023)",
+    )
+)
+
+register(
+    Architecture(
+        name="hawk",
+        label="Hawk",
+        options=HawkOptions,
+        build=lambda layer, d, opts: Hawk(d, opts),
+        description="Hawk: Griffin's recurrent block, conv + RG-LRU gated by a GeLU branch, as "
+        "recurrentgemma (De et al., 2024)",
     )
 )
 

@@ -116,7 +116,7 @@ def gla_chunked(
     """
     b, h, length, d_k = k.shape
     d_v = v.shape[-1]
-    c = chunk_size
+    c = max(1, min(chunk_size, length))  # a sequence shorter than a chunk: one chunk
     n = -(-length // c)
     pad = n * c - length
     if pad:

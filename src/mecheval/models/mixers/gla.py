@@ -1,0 +1,214 @@
+"""Gated linear attention, GLA (Yang et al., 2024), following fla's layer
+``fla/layers/gla.py`` (``GatedLinearAttention``) and its reference recurrence
+``fla/ops/gla/naive.py`` (``naive_recurrent_gla``):
+
+    q, k    = W_q x, W_k x                  key width  d_k = int(expand_k * d)  (fla: 0.5)
+    v, g    = W_v x, W_g x                  value width d_v = int(expand_v * d) (fla: 1)
+    α_t     = logsigmoid(W_up W_down x_t) / gate_logit_normalizer   (per key channel, <= 0)
+                                            low-rank gate ``gk_proj`` (rank 16, bias on the
+                                            second Linear only), normaliser 16
+    per head (d_k / H keys, d_v / H values):
+    S_t     = diag(exp(α_t)) S_{t-1} + k_t v_tᵀ,      o_t = (q_t / sqrt(d_k / H))ᵀ S_t
+    out     = o_proj(RMSNorm_head(o) ⊙ swish(g))   fla's FusedRMSNormGated (one weight of the
+                                                   head's value width, shared by the heads)
+
+Defaults are fla's layer defaults (``num_heads=4``, ``expand_k=0.5``, ``expand_v=1``,
+``gate_low_rank_dim=16``, ``gate_logit_normalizer=16``, ``use_output_gate=True``,
+``gate_fn="swish"``, ``norm_eps=1e-5``, no feature map, no short convolution). At d_model 16
+they give 4 heads of key width 2 and value width 4.
+
+``conv_size`` (None by default, as fla's ``use_short_conv=False``) adds fla's short
+convolutions: a causal depthwise conv of that kernel size (no bias unless ``conv_bias``) and a
+SiLU on each of q, k and v (fla's ``ShortConvolution(activation="silu")``), submodules
+``q_conv``, ``k_conv`` and ``v_conv`` whose outputs are the sites ``mixer.q_conv.output`` etc.
+(before the SiLU).
+
+Deliberate differences from fla:
+
+* fla's mixed-precision details (float32 accumulation of a bfloat16 model) do not arise: the
+  whole layer runs in the model's dtype;
+* the output projection keeps fla's name ``o_proj``, so zoology's init (which rescales only
+  ``out_proj``/``fc2`` by 1/sqrt(2 n_layers)) leaves it at N(0, init_std), as in DeltaNet here;
+  fla's own init is N(0, 0.02) for every Linear, biases 0, norms 1, which the backbone's
+  default init_std equals;
+* no GQA (``num_kv_heads``), ``feature_map``, ``clamp_min`` or ungated-output variants.
+
+The forward pass uses the chunked form :func:`gla_chunked`; :func:`gla_recurrent` is fla's
+naive recurrence, one step at a time (the specification, for tests and :meth:`GLA.mix_recurrent`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from mecheval.models.mixers.base import Mixer, ShortConv
+
+
+class GLAOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    num_heads: int = Field(4, ge=1, le=1024, description="heads (fla's layer default 4)")
+    expand_k: float = Field(0.5, gt=0.0, le=16.0, description="key width = int(expand_k * d)")
+    expand_v: float = Field(1.0, gt=0.0, le=16.0, description="value width = int(expand_v * d)")
+    gate_low_rank_dim: int = Field(16, ge=1, le=4096, description="rank of the gate projection")
+    gate_logit_normalizer: float = Field(
+        16.0, gt=0.0, le=1e4, description="log-gates = logsigmoid(gk_proj x) / this"
+    )
+    conv_size: int | None = Field(
+        None, ge=1, le=64, description="kernel size of q/k/v short convs; null: none (fla)"
+    )
+    conv_bias: bool = Field(False, description="bias of the short convs (fla: False)")
+    norm_eps: float = Field(1e-5, gt=0.0, le=1.0, description="eps of the output RMSNorm")
+    chunk_size: int = Field(16, ge=1, le=4096, description="block length of the chunked form")
+
+
+def gla_recurrent(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
+) -> torch.Tensor:
+    """The GLA recurrence one step at a time (fla's ``naive_recurrent_gla``, without its scale).
+
+    q, k, g: [B, H, T, d_k] (g: log-gates, <= 0); v: [B, H, T, d_v] -> o: [B, H, T, d_v].
+    S_t = diag(exp(g_t)) S_{t-1} + k_t v_tᵀ and o_t = q_tᵀ S_t; q is used as given.
+    """
+    b, h, length, d_k = k.shape
+    state = k.new_zeros(b, h, d_k, v.shape[-1])
+    outs = []
+    for t in range(length):
+        state = torch.exp(g[:, :, t, :, None]) * state + k[:, :, t, :, None] * v[:, :, t, None]
+        outs.append((q[:, :, t, :, None] * state).sum(-2))
+    return torch.stack(outs, dim=2)
+
+
+def segment_sums(x: torch.Tensor) -> torch.Tensor:
+    """x [..., c, K] (time on dim -2) -> [..., c, c, K]: entry [t, s] = Σ_{s<r<=t} x_r for
+    s <= t and -inf for s > t (so that its exponential is the decay from s to t, or 0).
+
+    Each entry is a sum of the terms themselves, not a difference of two cumulative sums: with
+    terms of one sign (log-gates <= 0) it has no cancellation, whatever their size.
+    """
+    c = x.shape[-2]
+    strict = torch.ones(c, c, dtype=torch.bool, device=x.device).tril(-1)[:, :, None]
+    terms = torch.where(strict, x[..., :, None, :], 0.0)  # [r, s]: x_r where r > s
+    sums = terms.cumsum(dim=-3)  # [t, s]: Σ_{s<r<=t} x_r
+    causal = torch.ones(c, c, dtype=torch.bool, device=x.device).tril()[:, :, None]
+    return sums.masked_fill(~causal, float("-inf"))
+
+
+def gla_chunked(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, chunk_size: int
+) -> torch.Tensor:
+    """The same function as :func:`gla_recurrent`, in chunks of ``chunk_size`` steps.
+
+    Within a chunk that starts from the state S_0, with b_t = Σ_{r<=t} g_r (cumulative
+    log-gates from the chunk's start, per key channel):
+        o_t = (q_t ⊙ exp(b_t))ᵀ S_0 + Σ_{s<=t} (Σ_j q_tj k_sj exp(b_tj - b_sj)) v_s
+    and the next chunk starts from diag(exp(b_last)) S_0 + Σ_s (k_s ⊙ exp(b_last - b_s)) v_sᵀ.
+    Every exponent is <= 0: b_t <= 0, and b_t - b_s is needed only for s <= t (the pairs
+    s > t are masked before the exponential), so nothing overflows however strong the gates;
+    no division by a decay is ever needed (the form that divides, q exp(b) · k exp(-b),
+    overflows within a chunk once the gates are strong). b_t - b_s is summed directly,
+    Σ_{s<r<=t} g_r (:func:`segment_sums`), not subtracted: with strong gates b_t and b_s are
+    large and their difference would lose the small decays to cancellation in float32. The
+    pairwise decays cost O(T · chunk · d_k) memory, small at the sizes used here.
+    """
+    b, h, length, d_k = k.shape
+    d_v = v.shape[-1]
+    c = max(1, min(chunk_size, length))  # a sequence shorter than a chunk: one chunk
+    n = -(-length // c)
+    pad = n * c - length
+    if pad:
+        # Trailing zeros: g = 0 keeps the state, k = 0 writes nothing; the padded outputs come
+        # after every real step and are dropped.
+        q, k, v, g = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v, g))
+    q, k, v, g = (x.reshape(b, h, n, c, x.shape[-1]) for x in (q, k, v, g))
+    cum = g.cumsum(dim=3)  # [B, H, n, c, d_k]: b_t, <= 0 and non-increasing in t
+    decay = torch.exp(segment_sums(g))  # [B, H, n, t, s, d_k]: exp(b_t - b_s), 0 for s > t
+    scores = (q[..., :, None, :] * decay * k[..., None, :, :]).sum(-1)  # [B, H, n, t, s]
+    intra = scores @ v
+    q_in = q * torch.exp(cum)  # reads the chunk's incoming state
+    k_out = k * decay[..., -1, :, :]  # writes, decayed to the chunk's end
+    carry = torch.exp(cum[..., -1, :])  # [B, H, n, d_k]: the incoming state's decay
+    state = k.new_zeros(b, h, d_k, d_v)
+    outs = []
+    for i in range(n):
+        outs.append(intra[:, :, i] + q_in[:, :, i] @ state)
+        state = carry[:, :, i, :, None] * state + k_out[:, :, i].transpose(-1, -2) @ v[:, :, i]
+    return torch.stack(outs, dim=2).reshape(b, h, n * c, d_v)[:, :, :length]
+
+
+class GLA(Mixer):
+    def __init__(self, d_model: int, options: GLAOptions) -> None:
+        super().__init__()
+        o = options
+        self.options = o
+        self.key_dim = int(d_model * o.expand_k)
+        self.value_dim = int(d_model * o.expand_v)
+        for name, width, expand in [
+            ("expand_k", self.key_dim, o.expand_k),
+            ("expand_v", self.value_dim, o.expand_v),
+        ]:
+            if width < 1:
+                raise ValueError(
+                    f"model.mixer.{name}: int(d_model={d_model} * {expand}) = 0, need >= 1"
+                )
+            if width % o.num_heads:
+                raise ValueError(
+                    f"model.mixer.num_heads: {o.num_heads} does not divide the width "
+                    f"{width} = int(model.d_model={d_model} * model.mixer.{name}={expand})"
+                )
+        self.num_heads = o.num_heads
+        self.head_k_dim = self.key_dim // o.num_heads
+        self.head_v_dim = self.value_dim // o.num_heads
+        self.q_proj = nn.Linear(d_model, self.key_dim, bias=False)
+        self.k_proj = nn.Linear(d_model, self.key_dim, bias=False)
+        self.v_proj = nn.Linear(d_model, self.value_dim, bias=False)
+        self.g_proj = nn.Linear(d_model, self.value_dim, bias=False)
+        if o.conv_size is not None:
+            self.q_conv = ShortConv(self.key_dim, o.conv_size, bias=o.conv_bias)
+            self.k_conv = ShortConv(self.key_dim, o.conv_size, bias=o.conv_bias)
+            self.v_conv = ShortConv(self.value_dim, o.conv_size, bias=o.conv_bias)
+        self.gk_proj = nn.Sequential(
+            nn.Linear(d_model, o.gate_low_rank_dim, bias=False),
+            nn.Linear(o.gate_low_rank_dim, self.key_dim, bias=True),
+        )
+        self.o_proj = nn.Linear(self.value_dim, d_model, bias=False)
+        self.g_norm_swish_gate = nn.RMSNorm(self.head_v_dim, eps=o.norm_eps)
+
+    @property
+    def has_conv(self) -> bool:
+        return self.options.conv_size is not None
+
+    def heads(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, T, H * e] -> [B, H, T, e]"""
+        b, t, _ = x.shape
+        return x.view(b, t, self.num_heads, -1).transpose(1, 2)
+
+    def qkvg(
+        self, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, T, d] -> q (scaled), k, g (log-gates) [B, H, T, d_k/H] and v [B, H, T, d_v/H]."""
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.has_conv:
+            q, k, v = F.silu(self.q_conv(q)), F.silu(self.k_conv(k)), F.silu(self.v_conv(v))
+        g = F.logsigmoid(self.gk_proj(x)) / self.options.gate_logit_normalizer
+        q = self.heads(q) * self.head_k_dim**-0.5
+        return q, self.heads(k), self.heads(v), self.heads(g)
+
+    def finish(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Recurrence output o [B, H, T, d_v/H] -> mixer output [B, T, d]."""
+        b, _, t, _ = o.shape
+        gate = self.g_proj(x).view(b, t, self.num_heads, self.head_v_dim)
+        o = self.g_norm_swish_gate(o.transpose(1, 2)) * F.silu(gate)
+        return self.o_proj(o.reshape(b, t, self.value_dim))
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v, g = self.qkvg(x)
+        return self.finish(gla_chunked(q, k, v, g, self.options.chunk_size), x)
+
+    def mix_recurrent(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`mix` with the step-by-step recurrence (for tests and debugging)."""
+        q, k, v, g = self.qkvg(x)
+        return self.finish(gla_recurrent(q, k, v, g), x)

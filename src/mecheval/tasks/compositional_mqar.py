@@ -46,7 +46,14 @@ from mecheval.tasks.base import (
     torch_generator,
 )
 from mecheval.tasks.batch import Batch
-from mecheval.tasks.mqar import draw_slots, fillers, rows_of, split_rows
+from mecheval.tasks.mqar import (
+    draw_slots,
+    fillers,
+    queries_fit,
+    room_for_queries,
+    rows_of,
+    split_rows,
+)
 from mecheval.tasks.mqar import stats as mqar_stats
 from mecheval.tasks.vocab import BOS, N_SPECIAL
 
@@ -106,26 +113,12 @@ class CompositionalMQARConfig(TaskConfigBase):
     @field_validator("n_queries")
     @classmethod
     def _queries_fit(cls, v: int | None, info: ValidationInfo) -> int | None:
-        pairs = info.data.get("n_pairs")
-        if v is not None and pairs is not None and v > pairs:
-            raise out_of_range(f"queries ask distinct keys: allowed 1..n_pairs={pairs}", v)
-        return v
+        return queries_fit(v, info)
 
     @field_validator("seq_len")
     @classmethod
     def _room_for_queries(cls, v: int, info: ValidationInfo) -> int:
-        pairs = info.data.get("n_pairs")
-        if pairs is None or "n_queries" not in info.data:
-            return v
-        queries = info.data["n_queries"] or pairs
-        need = 3 * pairs + 3 * queries
-        if v < need:
-            raise out_of_range(
-                f"too short for {pairs} pairs and {queries} queries: allowed >= {need} "
-                "(3 n_pairs + 3 n_queries)",
-                v,
-            )
-        return v
+        return room_for_queries(v, info, tokens_per_key=2)
 
     @property
     def queries(self) -> int:

@@ -96,32 +96,42 @@ class MQARConfig(TaskConfigBase):
     @field_validator("n_queries")
     @classmethod
     def _queries_fit(cls, v: int | None, info: ValidationInfo) -> int | None:
-        pairs = info.data.get("n_pairs")
-        if v is not None and pairs is not None and v > pairs:
-            raise out_of_range(
-                f"queries are distinct in-context keys: allowed 1..n_pairs={pairs}", v
-            )
-        return v
+        return queries_fit(v, info)
 
     @field_validator("seq_len")
     @classmethod
     def _room_for_queries(cls, v: int, info: ValidationInfo) -> int:
-        pairs = info.data.get("n_pairs")
-        if pairs is None or "n_queries" not in info.data:
-            return v
-        queries = info.data["n_queries"] or pairs
-        need = 2 * pairs + 2 * queries
-        if v < need:
-            raise out_of_range(
-                f"too short for {pairs} pairs and {queries} queries: allowed >= {need} "
-                "(2 n_pairs + 2 n_queries)",
-                v,
-            )
-        return v
+        return room_for_queries(v, info, tokens_per_key=1)
 
     @property
     def queries(self) -> int:
         return self.n_pairs if self.n_queries is None else self.n_queries
+
+
+def queries_fit(v: int | None, info: ValidationInfo) -> int | None:
+    """A field validator's body for ``n_queries``: at most ``n_pairs`` (distinct keys)."""
+    pairs = info.data.get("n_pairs")
+    if v is not None and pairs is not None and v > pairs:
+        raise out_of_range(f"queries ask distinct keys: allowed 1..n_pairs={pairs}", v)
+    return v
+
+
+def room_for_queries(v: int, info: ValidationInfo, tokens_per_key: int) -> int:
+    """A field validator's body for ``seq_len``: room for the pairs and one query slot per
+    query, (tokens_per_key + 1) tokens each."""
+    pairs = info.data.get("n_pairs")
+    if pairs is None or "n_queries" not in info.data:
+        return v
+    queries = info.data["n_queries"] or pairs
+    slot = tokens_per_key + 1
+    need = slot * (pairs + queries)
+    if v < need:
+        raise out_of_range(
+            f"too short for {pairs} pairs and {queries} queries: allowed >= {need} "
+            f"({slot} n_pairs + {slot} n_queries)",
+            v,
+        )
+    return v
 
 
 # Token ids: the specials, then keys k0.., then values v0.. (disjoint), as AR.

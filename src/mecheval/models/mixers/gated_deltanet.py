@@ -38,8 +38,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer, optional_conv
+from mecheval.models.mixers.decay import segment_sums
 from mecheval.models.mixers.deltanet import l2_normalize
-from mecheval.models.mixers.mamba2 import GatedRMSNorm, segment_sums
+from mecheval.models.mixers.mamba2 import GatedRMSNorm
 
 #: fla's init of A (uniform) and Δ (log-uniform, floored), hard-coded in its layer
 A_INIT_RANGE = (0.0, 16.0)
@@ -100,7 +101,7 @@ def gated_delta_rule_chunked(
     :func:`~mecheval.models.mixers.deltanet.delta_rule_chunked`'s unit lower-triangular
     system with the decays in. Outputs: O = diag(γ) Q S_0ᵀ + (Q Kᵀ ⊙ exp(Λ_t - Λ_s), s ≤ t) U;
     the next chunk starts from γ_end S_0 + Σ_s exp(Λ_end - Λ_s) u_s k_sᵀ. Every exponent is
-    a sum of g over a span (:func:`~mecheval.models.mixers.mamba2.segment_sums`, each span
+    a sum of g over a span (:func:`~mecheval.models.mixers.decay.segment_sums`, each span
     summed on its own rather than as a difference of running sums), so ≤ 0: nothing
     overflows, and entries above the diagonal are -inf before the exp (gradients 0).
     """

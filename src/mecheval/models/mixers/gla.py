@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer, ShortConv
+from mecheval.models.mixers.decay import segment_sums_per_channel
 
 
 class GLAOptions(BaseModel):
@@ -82,21 +83,6 @@ def gla_recurrent(
     return torch.stack(outs, dim=2)
 
 
-def segment_sums(x: torch.Tensor) -> torch.Tensor:
-    """x [..., c, K] (time on dim -2) -> [..., c, c, K]: entry [t, s] = Σ_{s<r<=t} x_r for
-    s <= t and -inf for s > t (so that its exponential is the decay from s to t, or 0).
-
-    Each entry is a sum of the terms themselves, not a difference of two cumulative sums: with
-    terms of one sign (log-gates <= 0) it has no cancellation, whatever their size.
-    """
-    c = x.shape[-2]
-    strict = torch.ones(c, c, dtype=torch.bool, device=x.device).tril(-1)[:, :, None]
-    terms = torch.where(strict, x[..., :, None, :], 0.0)  # [r, s]: x_r where r > s
-    sums = terms.cumsum(dim=-3)  # [t, s]: Σ_{s<r<=t} x_r
-    causal = torch.ones(c, c, dtype=torch.bool, device=x.device).tril()[:, :, None]
-    return sums.masked_fill(~causal, float("-inf"))
-
-
 def gla_chunked(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, chunk_size: int
 ) -> torch.Tensor:
@@ -110,9 +96,9 @@ def gla_chunked(
     s > t are masked before the exponential), so nothing overflows however strong the gates;
     no division by a decay is ever needed (the form that divides, q exp(b) · k exp(-b),
     overflows within a chunk once the gates are strong). b_t - b_s is summed directly,
-    Σ_{s<r<=t} g_r (:func:`segment_sums`), not subtracted: with strong gates b_t and b_s are
-    large and their difference would lose the small decays to cancellation in float32. The
-    pairwise decays cost O(T · chunk · d_k) memory, small at the sizes used here.
+    Σ_{s<r<=t} g_r (``decay.segment_sums_per_channel``), not subtracted: with strong gates
+    b_t and b_s are large and their difference would lose the small decays to cancellation
+    in float32. The pairwise decays cost O(T · chunk · d_k) memory, small at the sizes here.
     """
     b, h, length, d_k = k.shape
     d_v = v.shape[-1]
@@ -125,7 +111,9 @@ def gla_chunked(
         q, k, v, g = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v, g))
     q, k, v, g = (x.reshape(b, h, n, c, x.shape[-1]) for x in (q, k, v, g))
     cum = g.cumsum(dim=3)  # [B, H, n, c, d_k]: b_t, <= 0 and non-increasing in t
-    decay = torch.exp(segment_sums(g))  # [B, H, n, t, s, d_k]: exp(b_t - b_s), 0 for s > t
+    decay = torch.exp(
+        segment_sums_per_channel(g)
+    )  # [B, H, n, t, s, d_k]: exp(b_t - b_s), 0 for s > t
     scores = (q[..., :, None, :] * decay * k[..., None, :, :]).sum(-1)  # [B, H, n, t, s]
     intra = scores @ v
     q_in = q * torch.exp(cum)  # reads the chunk's incoming state

@@ -63,7 +63,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer, ShortConv, optional_conv
-from mecheval.models.mixers.gla import segment_sums
+from mecheval.models.mixers.decay import segment_sums_per_channel
 
 #: The reference clips the gradient of sqrt at this value (``_MAX_SQRT_GRADIENT``).
 MAX_SQRT_GRADIENT = 1000.0
@@ -142,7 +142,7 @@ def rglru_scan_chunked(log_a: torch.Tensor, x: torch.Tensor, chunk_size: int) ->
     all steps of all chunks at once; only the hand-over of h between chunks is sequential.
     Every exponent is <= 0: L_t <= 0, and L_t - L_s is needed only for s <= t (the pairs s > t
     are masked before the exponential); it is summed directly, Σ_{s<r<=t} log a_r
-    (:func:`~mecheval.models.mixers.gla.segment_sums`), free of the cancellation of a
+    (:func:`~mecheval.models.mixers.decay.segment_sums_per_channel`), free of the cancellation of a
     difference of two large cumulative sums. Memory O(T · chunk · W).
     """
     b, length, w = x.shape
@@ -154,7 +154,9 @@ def rglru_scan_chunked(log_a: torch.Tensor, x: torch.Tensor, chunk_size: int) ->
         log_a, x = F.pad(log_a, (0, 0, 0, pad)), F.pad(x, (0, 0, 0, pad))
     log_a, x = log_a.reshape(b, n, c, w), x.reshape(b, n, c, w)
     cum = log_a.cumsum(dim=2)  # [B, n, c, W]: L_t, <= 0
-    decay = torch.exp(segment_sums(log_a))  # [B, n, t, s, W]: exp(L_t - L_s), 0 for s > t
+    decay = torch.exp(
+        segment_sums_per_channel(log_a)
+    )  # [B, n, t, s, W]: exp(L_t - L_s), 0 for s > t
     intra = (decay * x[:, :, None, :, :]).sum(3)  # [B, n, c, W]
     carry = torch.exp(cum)  # decay of the incoming state to each step
     h = x.new_zeros(b, w)

@@ -48,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer, ShortConv
+from mecheval.models.mixers.decay import segment_sums
 
 #: mamba_ssm's default head size, used wherever it divides d_inner
 REFERENCE_HEADDIM = 64
@@ -120,24 +121,6 @@ def ssd_recurrent(
         state = decay * state + drive
         ys.append((state * C[:, t, :, None, :]).sum(-1) + D[:, None] * x[:, t])
     return torch.stack(ys, dim=1)
-
-
-def segment_sums(a: torch.Tensor) -> torch.Tensor:
-    """a [..., c] -> S [..., c, c] with S[l, s] = a_{s+1} + ... + a_l for s ≤ l (0 on the
-    diagonal) and -inf for s > l, so that exp(S) is the causal decay matrix.
-
-    Each entry sums its own span (a masked cumsum, as mamba_ssm's ``segsum``), not the
-    difference Λ_l - Λ_s of two running sums: with large decays the running sums reach
-    thousands and their difference would lose the small spans to cancellation (float32:
-    ~1e-3 relative error in the decays at |Λ| ~ 1e4). A sum of terms ≤ 0 is ≤ 0 in floating
-    point too, so every exponent is ≤ 0; entries above the diagonal are -inf before any exp,
-    so their gradients are 0, not inf · 0.
-    """
-    c = a.shape[-1]
-    ones = torch.ones(c, c, dtype=torch.bool, device=a.device)
-    rows = a[..., :, None].expand(*a.shape, c)  # rows[..., i, s] = a_i
-    sums = rows.masked_fill(~ones.tril(-1), 0.0).cumsum(-2)  # Σ_{s < i ≤ l} a_i
-    return sums.masked_fill(~ones.tril(), -math.inf)
 
 
 def ssd_chunked(

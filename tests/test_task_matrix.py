@@ -220,3 +220,15 @@ def test_conv_matrix_columns_in_switch_order() -> None:
     header = next(line for line in result.markdown.splitlines() if line.startswith("| arch"))
     assert header == "| architecture | no short conv | default | short conv 2 | short conv 4 |"
     assert "| Attention | unclear; acc 90%, value 95% |  | induction" in result.markdown
+
+
+def test_reproduce_set_overrides_every_run_in_its_own_folder() -> None:
+    _, spec = reproduce_spec("conv-switch", "quick", sets=["model.n_layers=1"])
+    assert spec.name == "conv-switch-quick-L1" and spec.set["model.n_layers"] == 1
+    planned = plan_runs(spec)
+    assert planned and all(cfg.model.n_layers == 1 for _, cfg in planned)
+    _, spec = reproduce_spec("conv-switch", "quick", sets=["model.n_layerz=1"])
+    with pytest.raises(ConfigError, match="model.n_layerz"):
+        plan_runs(spec)
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        reproduce_spec("conv-switch", "quick", sets=["model.n_layers"])

@@ -228,6 +228,14 @@ def reproduce_command(
             "configuration; other seeds add a seed axis (run names then end in -sN)",
         ),
     ] = None,
+    sets: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="override a field of every run, e.g. --set model.n_layers=1 (repeatable); "
+            "the runs go to their own folder, OUT/<experiment>-<preset>-L1",
+        ),
+    ] = None,
     group_size: GroupSize = None,
     device: Device = None,
     compile_: Compile = False,
@@ -248,7 +256,7 @@ def reproduce_command(
         for e in list_experiments():
             typer.echo(f"{e.name:<18} {e.description}  [figures: {', '.join(e.figures)}]")
         return
-    experiment, spec = reproduce_spec(name, preset, archs, widths, lrs, seeds, tasks)
+    experiment, spec = reproduce_spec(name, preset, archs, widths, lrs, seeds, tasks, sets)
     outcomes = _run(
         spec,
         out,
@@ -311,8 +319,11 @@ def reproduce_spec(
     lrs: str | None = None,
     seeds: str | None = None,
     tasks: str | None = None,
+    sets: list[str] | None = None,
 ) -> tuple[Experiment, SweepSpec]:
-    """The experiment ``name`` and the sweep ``reproduce`` runs for these option strings."""
+    """The experiment ``name`` and the sweep ``reproduce`` runs for these option strings.
+    ``sets`` (``model.n_layers=1``) override every run; the sweep is then named after them
+    (``conv-switch-quick-L1``), so its runs never mix with the experiment's own."""
     from mecheval.experiments.catalog import get_experiment
 
     experiment = get_experiment(name)
@@ -325,6 +336,15 @@ def reproduce_spec(
         seeds=parse_values("--seeds", seeds, int),
         tasks=parse_names("--tasks", tasks, "task kinds"),
     )
+    if sets:
+        from mecheval.experiments.grid import name_part
+        from mecheval.training.config import parse_override
+
+        fixed = {".".join(path): value for path, value in map(parse_override, sets)}
+        suffix = "-".join(name_part(key, value) for key, value in fixed.items())
+        spec = spec.model_copy(
+            update={"set": {**spec.set, **fixed}, "name": f"{spec.name}-{suffix}"}
+        )
     return experiment, spec
 
 

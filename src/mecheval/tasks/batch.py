@@ -11,6 +11,10 @@ import torch
 #: overwrite AR's stale_key and stale_value; ``registry.roles_of``).
 ROLES: tuple[str, ...] = ("key", "value", "next_key", "divider", "query")
 
+#: ``Batch.extras`` of a task that supervises several answers per training document (MQAR):
+#: [B, Q] positions and [B, Q] answers; training takes its loss at all of them.
+ANSWER_POSITIONS, ANSWERS = "answer_positions", "answers"
+
 
 @dataclass(frozen=True)
 class Batch:

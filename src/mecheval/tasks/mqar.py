@@ -57,7 +57,7 @@ from mecheval.tasks.base import (
     present_ids,
     torch_generator,
 )
-from mecheval.tasks.batch import Batch
+from mecheval.tasks.batch import ANSWER_POSITIONS, ANSWERS, Batch
 from mecheval.tasks.vocab import BOS, N_SPECIAL
 
 if TYPE_CHECKING:
@@ -202,7 +202,7 @@ def split_rows(
             "answer": answers.gather(1, last)[:, 0],
             "roles": pick,
             "lengths": lengths,
-            "extras": {**extras, "answer_positions": query_pos, "answers": answers},
+            "extras": {**extras, ANSWER_POSITIONS: query_pos, ANSWERS: answers},
             "trees": None,
         }
     order = query_pos.argsort(dim=1)  # probes of a document in the order its queries come
@@ -294,8 +294,8 @@ def stats(ds: TaskDataset) -> dict[str, torch.Tensor]:
         "key-query distance": roles["query"] - roles["key"],
         "query slot (from the region's start)": (roles["query"] - 1 - 2 * ds.cfg.n_pairs) // 2,
     }
-    if "answer_positions" in ds.extras:
-        out["queries per document"] = torch.full((len(ds),), ds.extras["answers"].shape[1])
+    if ANSWER_POSITIONS in ds.extras:
+        out["queries per document"] = torch.full((len(ds),), ds.extras[ANSWERS].shape[1])
     return out
 
 

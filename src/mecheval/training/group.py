@@ -74,10 +74,11 @@ import torch
 from torch.func import grad_and_value, stack_module_state, vmap
 
 from mecheval.tasks import Batch, get_task
+from mecheval.tasks.batch import ANSWER_POSITIONS, ANSWERS
 from mecheval.training.checkpoint import has_checkpoint, save_checkpoint
 from mecheval.training.config import RunConfig, config_to_data, resolve
 from mecheval.training.folder import RunFolder
-from mecheval.training.metrics import ANSWER_POSITIONS, ANSWERS, answer_loss, multi_answer_loss
+from mecheval.training.metrics import answer_loss, multi_answer_loss
 from mecheval.training.precision import autocast, rounding_eps, tf32
 from mecheval.training.reporter import NullReporter, Reporter, ReporterFactory, null_reporter
 from mecheval.training.run import crash_reason, train

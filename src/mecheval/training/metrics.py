@@ -21,14 +21,10 @@ from torch import nn
 
 from mecheval.io import atomic_write_csv
 from mecheval.tasks import Batch, TaskDataset
+from mecheval.tasks.batch import ANSWER_POSITIONS, ANSWERS
 from mecheval.tasks.scores import answer_scores
 
 CSV_HEADER = ("step", "split", "metric", "value")
-
-
-#: Batch extras of a task that supervises several answers per training document (MQAR):
-#: [B, Q] positions and [B, Q] answers; the loss is taken at all of them.
-ANSWER_POSITIONS, ANSWERS = "answer_positions", "answers"
 
 
 def answer_loss(model: nn.Module, batch: Batch) -> torch.Tensor:

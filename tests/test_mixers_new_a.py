@@ -621,4 +621,7 @@ def test_mamba2_matches_transformers_mamba2mixer() -> None:
         theirs.norm.weight.copy_(ours.norm.weight)
         theirs.out_proj.weight.copy_(ours.out_proj.weight)
         x = torch.randn(2, 11, d, generator=gen(3))
-        torch.testing.assert_close(ours.mix(x), theirs.torch_forward(x), rtol=1e-4, atol=1e-5)
+        # transformers 4.x names its pure-torch path torch_forward; 5.x runs it in forward when
+        # no CUDA kernel applies (eval mode, no cache).
+        forward = getattr(theirs, "torch_forward", theirs)
+        torch.testing.assert_close(ours.mix(x), forward(x), rtol=1e-4, atol=1e-5)

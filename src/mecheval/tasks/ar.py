@@ -15,7 +15,7 @@ held out, a train or dev document's never is; unqueried pairs are not restricted
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 from pydantic import Field, ValidationInfo, field_validator
@@ -90,16 +90,24 @@ class ARConfig(TaskConfigBase):
         return self.n_pairs if self.min_pairs is None else self.min_pairs
 
 
+class KeyValueVocabulary(Protocol):
+    """A config with AR's vocabulary layout: the AR family (noisy AR, overwrite AR, MQAR)
+    shares the id helpers below."""
+
+    n_keys: int
+    n_values: int
+
+
 # Token ids: the specials, then keys k0.., then values v0.. (disjoint).
-def key_id(cfg: ARConfig, key: torch.Tensor | int) -> torch.Tensor | int:
+def key_id(cfg: KeyValueVocabulary, key: torch.Tensor | int) -> torch.Tensor | int:
     return key + N_SPECIAL
 
 
-def value_id(cfg: ARConfig, value: torch.Tensor | int) -> torch.Tensor | int:
+def value_id(cfg: KeyValueVocabulary, value: torch.Tensor | int) -> torch.Tensor | int:
     return value + N_SPECIAL + cfg.n_keys
 
 
-def token_names(cfg: ARConfig) -> list[str]:
+def token_names(cfg: KeyValueVocabulary) -> list[str]:
     return [f"k{i}" for i in range(cfg.n_keys)] + [f"v{i}" for i in range(cfg.n_values)]
 
 
@@ -107,11 +115,11 @@ def max_length(cfg: ARConfig) -> int:
     return 1 + 2 * cfg.n_pairs + 2  # <bos> pairs <div> q
 
 
-def key_class(cfg: ARConfig) -> tuple[int, int]:
+def key_class(cfg: KeyValueVocabulary) -> tuple[int, int]:
     return key_id(cfg, 0), key_id(cfg, cfg.n_keys)
 
 
-def answer_candidates(cfg: ARConfig, batch: Batch, vocab_size: int) -> torch.Tensor:
+def answer_candidates(cfg: KeyValueVocabulary, batch: Batch, vocab_size: int) -> torch.Tensor:
     """The values of each document (its pairs', before the divider): what a model that
     learned "answer with a value from the context" but not the key-value binding picks from.
     Values are distinct within a document, so there are as many as pairs."""

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from pydantic import Field, ValidationInfo, field_validator
 
-from mecheval.tasks.ar import distinct_rows
+from mecheval.tasks.ar import distinct_rows, key_class, key_id, token_names, value_id
 from mecheval.tasks.base import (
     SPLIT_IDS,
     Task,
@@ -134,26 +134,9 @@ def room_for_queries(v: int, info: ValidationInfo, tokens_per_key: int) -> int:
     return v
 
 
-# Token ids: the specials, then keys k0.., then values v0.. (disjoint), as AR.
-def key_id(cfg: MQARConfig, key: torch.Tensor | int) -> torch.Tensor | int:
-    return key + N_SPECIAL
-
-
-def value_id(cfg: MQARConfig, value: torch.Tensor | int) -> torch.Tensor | int:
-    return value + N_SPECIAL + cfg.n_keys
-
-
-def token_names(cfg: MQARConfig) -> list[str]:
-    return [f"k{i}" for i in range(cfg.n_keys)] + [f"v{i}" for i in range(cfg.n_values)]
-
-
 def max_length(cfg: MQARConfig) -> int:
     # A query's slot starts at an even offset < 2 * space, so the last query is at most here.
     return 1 + 2 * cfg.n_pairs + 2 * ((cfg.seq_len - 2 * cfg.n_pairs) // 2 - 1) + 1
-
-
-def key_class(cfg: MQARConfig) -> tuple[int, int]:
-    return key_id(cfg, 0), key_id(cfg, cfg.n_keys)
 
 
 # ---------------------------------------------------------------- shared with compositional

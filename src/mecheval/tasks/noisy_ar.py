@@ -34,17 +34,16 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from pydantic import Field, ValidationInfo, field_validator
 
-from mecheval.tasks.ar import distinct_rows
+from mecheval.tasks.ar import answer_candidates, distinct_rows, key_class, key_id, value_id
+from mecheval.tasks.ar import token_names as ar_token_names
 from mecheval.tasks.base import (
     SPLIT_IDS,
     Task,
     TaskConfigBase,
     fits_distinct_pairs,
     out_of_range,
-    present_ids,
     torch_generator,
 )
-from mecheval.tasks.batch import Batch
 from mecheval.tasks.vocab import BOS, DIV, N_SPECIAL
 
 if TYPE_CHECKING:
@@ -87,33 +86,17 @@ class NoisyARConfig(TaskConfigBase):
         return v
 
 
-# Token ids: the specials, then keys k0.., values v0.., noise n0.. (disjoint).
-def key_id(cfg: NoisyARConfig, key: torch.Tensor | int) -> torch.Tensor | int:
-    return key + N_SPECIAL
-
-
-def value_id(cfg: NoisyARConfig, value: torch.Tensor | int) -> torch.Tensor | int:
-    return value + N_SPECIAL + cfg.n_keys
-
-
+# Token ids: AR's (specials, keys k0.., values v0..), then noise n0.. (disjoint).
 def noise_id(cfg: NoisyARConfig, noise: torch.Tensor | int) -> torch.Tensor | int:
     return noise + N_SPECIAL + cfg.n_keys + cfg.n_values
 
 
 def token_names(cfg: NoisyARConfig) -> list[str]:
-    return (
-        [f"k{i}" for i in range(cfg.n_keys)]
-        + [f"v{i}" for i in range(cfg.n_values)]
-        + [f"n{i}" for i in range(cfg.n_noise)]
-    )
+    return [*ar_token_names(cfg), *(f"n{i}" for i in range(cfg.n_noise))]
 
 
 def max_length(cfg: NoisyARConfig) -> int:
     return 1 + 2 * cfg.n_slots + 2  # <bos> slots <div> q
-
-
-def key_class(cfg: NoisyARConfig) -> tuple[int, int]:
-    return key_id(cfg, 0), key_id(cfg, cfg.n_keys)
 
 
 def generate_noisy_ar(cfg: NoisyARConfig, split: str, n: int, shared: None = None) -> dict:
@@ -213,12 +196,6 @@ PRESETS = {
 }
 
 
-def answer_candidates(cfg: NoisyARConfig, batch: Batch, vocab_size: int) -> torch.Tensor:
-    """The values in each document, as for AR (the binding scores). Noise tokens are
-    not candidates: they are never an answer."""
-    return present_ids(batch, value_id(cfg, 0), value_id(cfg, cfg.n_values), vocab_size)
-
-
 TASK = Task(
     kind="noisy_ar",
     label="Noisy AR",
@@ -234,5 +211,6 @@ TASK = Task(
     quick_lrs={"mamba": 3e-3, "hyena": 3e-3},  # AR's, not re-measured on this task
     describe=describe,
     stats=stats,
+    # AR's: the document's values (noise tokens are never an answer).
     answer_candidates=answer_candidates,
 )

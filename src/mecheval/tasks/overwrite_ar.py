@@ -36,18 +36,23 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from pydantic import Field, ValidationInfo, field_validator
 
-from mecheval.tasks.ar import distinct_rows
+from mecheval.tasks.ar import (
+    answer_candidates,
+    distinct_rows,
+    key_class,
+    key_id,
+    token_names,
+    value_id,
+)
 from mecheval.tasks.base import (
     SPLIT_IDS,
     Task,
     TaskConfigBase,
     fits_distinct_pairs,
     out_of_range,
-    present_ids,
     torch_generator,
 )
-from mecheval.tasks.batch import Batch
-from mecheval.tasks.vocab import BOS, DIV, N_SPECIAL
+from mecheval.tasks.vocab import BOS, DIV
 
 if TYPE_CHECKING:
     from mecheval.tasks.dataset import TaskDataset
@@ -112,25 +117,8 @@ class OverwriteARConfig(TaskConfigBase):
         return v
 
 
-# Token ids: the specials, then keys k0.., then values v0.. (disjoint), as AR.
-def key_id(cfg: OverwriteARConfig, key: torch.Tensor | int) -> torch.Tensor | int:
-    return key + N_SPECIAL
-
-
-def value_id(cfg: OverwriteARConfig, value: torch.Tensor | int) -> torch.Tensor | int:
-    return value + N_SPECIAL + cfg.n_keys
-
-
-def token_names(cfg: OverwriteARConfig) -> list[str]:
-    return [f"k{i}" for i in range(cfg.n_keys)] + [f"v{i}" for i in range(cfg.n_values)]
-
-
 def max_length(cfg: OverwriteARConfig) -> int:
     return 1 + 2 * (cfg.n_pairs + cfg.n_updates) + 2  # <bos> pairs updates <div> q
-
-
-def key_class(cfg: OverwriteARConfig) -> tuple[int, int]:
-    return key_id(cfg, 0), key_id(cfg, cfg.n_keys)
 
 
 def generate_overwrite_ar(cfg: OverwriteARConfig, split: str, n: int, shared: None = None) -> dict:
@@ -240,12 +228,6 @@ PRESETS = {
 }
 
 
-def answer_candidates(cfg: OverwriteARConfig, batch: Batch, vocab_size: int) -> torch.Tensor:
-    """The values in each document, as for AR (the binding scores). A stale value is
-    one: picking it is a binding failure."""
-    return present_ids(batch, value_id(cfg, 0), value_id(cfg, cfg.n_values), vocab_size)
-
-
 TASK = Task(
     kind="overwrite_ar",
     label="Overwrite AR",
@@ -262,5 +244,6 @@ TASK = Task(
     describe=describe,
     stats=stats,
     extra_roles=EXTRA_ROLES,
+    # AR's: the document's values; a stale value is one (picking it is a binding failure).
     answer_candidates=answer_candidates,
 )

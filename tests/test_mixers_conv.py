@@ -257,22 +257,25 @@ def test_diag_ssm_kernel_equals_its_recurrence(disc: str) -> None:
 
 def diag_kernel_by_autograd(kernel: DiagSSMKernel, length: int) -> torch.Tensor:
     """K[h, l] = 2 Re sum_n C_n dB_n dA_n^l with complex autograd ops (the oracle for the
-    hand-written backward of DiagSSMKernel.forward)."""
+    baby-step giant-step product of DiagSSMKernel.forward)."""
     da, db, c = kernel.discretize()
     powers = torch.arange(length, dtype=torch.float64)
     return 2 * torch.einsum("hn,hnl->hl", c * db, da.unsqueeze(-1) ** powers).real
 
 
 @pytest.mark.parametrize("disc", ["bilinear", "zoh"])
-def test_diag_ssm_kernel_gradients_match_complex_autograd(disc: str) -> None:
+# Lengths around the baby-step/giant-step split: 1 and 2 (one giant), squares and their
+# neighbours (the last giant row full, cut after one entry, or one short).
+@pytest.mark.parametrize("length", [1, 2, 9, 10, 35, 36, 64])
+def test_diag_ssm_kernel_gradients_match_complex_autograd(disc: str, length: int) -> None:
     torch.manual_seed(2)
     kernel = DiagSSMKernel(channels=3, d_state=10, discretization=disc).double()
     with torch.no_grad():
         kernel.log_dt.fill_(math.log(0.3))
-    w = torch.randn(3, 9, generator=gen(18), dtype=torch.float64)
+    w = torch.randn(3, length, generator=gen(18), dtype=torch.float64)
     params = list(kernel.parameters())
-    got = kernel(9)
-    ref = diag_kernel_by_autograd(kernel, 9)
+    got = kernel(length)
+    ref = diag_kernel_by_autograd(kernel, length)
     torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-10)
     g_got = torch.autograd.grad((got * w).sum(), params)
     g_ref = torch.autograd.grad((ref * w).sum(), params)

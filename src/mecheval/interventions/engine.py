@@ -14,6 +14,13 @@ and only what follows runs; a site inside block i restarts from the cached corru
 of block i. Rows whose source activation equals the corrupted one (every position but the
 key, before any mixing) are not run at all: their result is the corrupted result.
 
+Nothing before the patch position is recomputed either (interventions/prefix.py): a patch at
+position p leaves positions < p as the corrupted run had them, so the blocks after the
+patched one (and a patched block boundary's own block) run on positions p.. only, each
+mixer resumed from its prefix state in the corrupted run (``Mixer.prefix_states``: a
+recurrent state, attention's keys and values; a mixer without one recomputes its window).
+Rows that share a patch position run together.
+
 ``InterchangeResult.table`` is tidy, one row per value::
 
     condition   original | corrupted | restored
@@ -40,6 +47,7 @@ import pandas as pd
 import torch
 
 from mecheval.interventions.patch import patch, record
+from mecheval.interventions.prefix import PrefixCache, prefix_cache, run_from
 from mecheval.models.backbone import LanguageModel
 from mecheval.models.sites import FINAL_NORM_INPUT, layer_site, site_names, split_layer
 from mecheval.tasks.batch import ROLES, Batch
@@ -122,6 +130,30 @@ def _downstream(
     return model.head(x, at)
 
 
+def _from_patch(
+    model: LanguageModel,
+    prefix: PrefixCache,
+    first: int,
+    docs: torch.Tensor,
+    patched: torch.Tensor,
+    x: torch.Tensor,
+    at: torch.Tensor,
+) -> torch.Tensor:
+    """Logits at ``at`` of rows whose residual stream entering block ``first`` is ``x``
+    [R, T, d], equal to the corrupted run's before each row's ``patched`` position: rows
+    sharing a start run together from it (:func:`run_from`). A patch after the query cannot
+    reach it, so such a row starts at its query."""
+    starts = torch.minimum(patched, at)
+    logits = None
+    for start in starts.unique().tolist():
+        group = (starts == start).nonzero()[:, 0]
+        out = run_from(model, prefix, first, docs[group], start, x[group, start:], at[group])
+        if logits is None:
+            logits = out.new_empty(len(docs), out.shape[-1])
+        logits[group] = out
+    return logits
+
+
 def _in_last_block_tail(model: LanguageModel, site: str) -> bool:
     last = len(model.layers) - 1
     return site.startswith((layer_site(last, "mlp"), layer_site(last, "output"))) or (
@@ -137,21 +169,26 @@ def interchange(
     sites: Sequence[str] | None = None,
     roles: Sequence[str] | None = None,
     max_batch: int = 4096,
+    resume: bool = True,
 ) -> InterchangeResult:
-    """Restore each (site, role) from ``original`` into ``corrupted``; see the module doc."""
+    """Restore each (site, role) from ``original`` into ``corrupted``; see the module doc.
+    ``resume=False`` recomputes whole sequences downstream of the patch (the engine before
+    prefix resumption; benchmarks/bench_interventions.py compares the two)."""
     sites = list(sites) if sites is not None else site_names(model)
     roles = list(roles) if roles is not None else batch_roles(original)
     _check(original, corrupted, roles)
     n = len(original)
     answer, candidates, metrics = original.answer, original.candidates, _metrics(original)
     restarts = {site: _restart(model, site) for site in sites}
-    cached = sorted(set(sites) | {start for start, _, _ in restarts.values() if start})
+    inputs = [layer_site(j, "input") for j in range(len(model.layers))]
+    cached = sorted(set(sites) | set(inputs) | {s for s, _, _ in restarts.values() if s})
     with record(model, sites) as source:
         s_orig = _scores(model(original.tokens, at=original.query), answer, candidates)
     with record(model, cached) as base:
         s_corr = _scores(model(corrupted.tokens, at=corrupted.query), answer, candidates)
 
     rows = _baseline_rows(s_orig, s_corr, metrics)
+    prefix = prefix_cache(model, [base[site] for site in inputs]) if resume else None
     docs = torch.arange(n)
     per_example = []
     if not roles:
@@ -174,7 +211,15 @@ def interchange(
             if direct:
                 x = base[start][docs_].clone()
                 x[torch.arange(len(rows_)), dst_] = values[rows_]
-                logits = _downstream(model, x, first, at_, tail)
+                if resume:
+                    logits = _from_patch(model, prefix, first, docs_, dst_, x, at_)
+                else:
+                    logits = _downstream(model, x, first, at_, tail)
+            elif resume and start and first < len(model.layers) - 1:
+                # Block `first` runs whole with the hook; the blocks after it from the patch.
+                with patch(model, site, dst_, values[rows_]):
+                    x = model.layers[first](base[start][docs_])
+                logits = _from_patch(model, prefix, first + 1, docs_, dst_, x, at_)
             elif start:
                 with patch(model, site, dst_, values[rows_]):
                     logits = _downstream(model, base[start][docs_], first, at_, tail)

@@ -20,6 +20,7 @@ dt, the convolutions' PyTorch defaults, …).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -77,6 +78,21 @@ class Block(nn.Module):
         if self.mlp is not None:
             x = x + self.mlp(self.mlp_norm(x))
         return self.output(x)
+
+
+    def forward_from(
+        self, x: torch.Tensor, offset: int, state: Any, at: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """:meth:`forward` at positions ``offset``.. of the window ``x`` [R, W, d] of the
+        residual stream, given the mixer's state carried into ``offset`` (see
+        :meth:`Mixer.forward_from`) -> [R, W - offset, d]; ``at`` as in :meth:`forward`,
+        counted from ``offset``. Sites are skipped (no hook is set where the engine runs it)."""
+        x = x[:, offset:] + self.mixer.forward_from(self.mixer_norm(x), offset, state)
+        if at is not None:
+            x = x[torch.arange(x.shape[0], device=x.device), at][:, None]
+        if self.mlp is not None:
+            x = x + self.mlp.fc2(self.mlp.act(self.mlp.fc1(self.mlp_norm(x))))
+        return x
 
 
 class FinalNorm(nn.Module):

@@ -31,10 +31,39 @@ class Attention(Mixer):
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=options.qkv_bias)
         self.out_proj = nn.Linear(d_model, d_model)
 
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x [B, T, d] -> q, k, v, each [B, heads, T, d_head]."""
+        b, t, d = x.shape
+        qkv = self.qkv(x).view(b, t, 3, self.num_heads, d // self.num_heads)
+        return tuple(h.transpose(1, 2) for h in qkv.unbind(2))
+
     def mix(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.num_heads, d // self.num_heads).unbind(2)
-        y = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-        )
+        q, k, v = self.heads(x)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out_proj(y.transpose(1, 2).reshape(b, t, d))
+
+    # Resuming from a prefix (Mixer.prefix_states): the state is the key-value cache.
+    def prefix_halo(self) -> int:
+        return 0
+
+    def prefix_states(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.heads(x)[1:]
+
+    def state_at(
+        self, states: tuple[torch.Tensor, torch.Tensor], rows: torch.Tensor, start: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return states[0][rows, :, :start], states[1][rows, :, :start]
+
+    def mix_from(
+        self, x: torch.Tensor, offset: int, state: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        x = x[:, offset:]
+        b, t, d = x.shape
+        q, k, v = self.heads(x)
+        cached = state[0].shape[2]
+        k, v = torch.cat([state[0], k], dim=2), torch.cat([state[1], v], dim=2)
+        # Query i of the window sits at position cached + i and sees keys 0..cached + i.
+        mask = torch.ones(t, cached + t, dtype=torch.bool, device=x.device).tril(cached)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.out_proj(y.transpose(1, 2).reshape(b, t, d))

@@ -62,6 +62,53 @@ class Mixer(nn.Module):
         """Re-initialise parameters whose init is part of the architecture (after the generic
         normal(0.02) init of every Linear and Embedding). Default: nothing special."""
 
+    # ------------------------------------------------------------ running from a prefix
+    # An intervention at position p leaves every position before p as the corrupted run had
+    # it. A mixer that can carry its state across a cut (a recurrence's state, attention's
+    # keys and values) lets the engine run a patched row from p on only: ``prefix_states``
+    # once over the corrupted documents, then ``forward_from`` per patched row. The defaults
+    # (no state: recompute the whole window) are right for every causal mixer, plugins
+    # included; a mixer overrides all four of ``prefix_halo``, ``prefix_states``,
+    # ``state_at`` and ``mix_from`` or none.
+
+    def prefix_halo(self) -> int | None:
+        """How many positions before the cut :meth:`mix_from` reads besides the state (a
+        short conv of k taps: k - 1); None: no prefix state, the window starts at 0."""
+        return None
+
+    def prefix_states(self, x: torch.Tensor) -> Any:
+        """Everything :meth:`state_at` needs to resume this mixer at any position of ``x``
+        [B, T, d] (the input :meth:`mix` sees)."""
+        return None
+
+    def state_at(self, states: Any, rows: torch.Tensor, start: int) -> Any:
+        """The state carried into position ``start`` of documents ``rows`` (None at 0)."""
+        return None
+
+    def mix_from(self, x: torch.Tensor, offset: int, state: Any) -> torch.Tensor:
+        """:meth:`mix`'s outputs at positions ``offset``.. of the window ``x`` [R, W, d],
+        given the state carried into window position ``offset``: [R, W - offset, d]."""
+        return self.mix(x)[:, offset:]
+
+    def halo(self) -> int | None:
+        """:meth:`prefix_halo` plus what the short-conv switch's conv reads before the cut."""
+        inner = self.prefix_halo()
+        if inner is None or self.short_conv is None:
+            return inner
+        return inner + self.short_conv.kernel_size - 1
+
+    def states_of(self, x: torch.Tensor) -> Any:
+        """:meth:`prefix_states` of the mixer's input x (at its ``input`` site)."""
+        return self.prefix_states(x if self.short_conv is None else self.short_conv(x))
+
+    def forward_from(self, x: torch.Tensor, offset: int, state: Any) -> torch.Tensor:
+        """:meth:`forward` at window positions ``offset``.. (see :meth:`mix_from`). The
+        mixer's own input and output sites are skipped: the engine runs this in layers after
+        the patched one, where no hook is set."""
+        if self.short_conv is not None:
+            x = self.short_conv(x)
+        return self.mix_from(x, offset, state)
+
     def max_length(self) -> int | None:
         """The longest sequence this mixer can take (e.g. an implicit filter's l_max); None
         for any length. Checked against the task's longest document when a config resolves."""

@@ -56,23 +56,33 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def delta_rule_recurrent(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor
-) -> torch.Tensor:
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    initial: torch.Tensor | None = None,
+    keep: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The delta rule one step at a time (the specification, not for speed).
 
     q, k: [B, H, T, d_k]; v: [B, H, T, d_v]; beta: [B, H, T] -> o: [B, H, T, d_v].
     q and k are used as given (normalisation and scaling happen in the caller).
+    ``initial`` [B, H, d_v, d_k]: the state before the first step (zeros if None); with
+    ``keep`` also every state after each step, [B, T, H, d_v, d_k].
     """
     b, h, length, d_k = k.shape
-    state = k.new_zeros(b, h, v.shape[-1], d_k)  # S maps keys to values: S k ≈ v
-    outs = []
+    # S maps keys to values: S k ≈ v
+    state = k.new_zeros(b, h, v.shape[-1], d_k) if initial is None else initial
+    outs, states = [], []
     for t in range(length):
         k_t, v_t, q_t = k[:, :, t], v[:, :, t], q[:, :, t]
         predicted = (state @ k_t[..., None])[..., 0]
         error = beta[:, :, t, None] * (v_t - predicted)
         state = state + error[..., :, None] * k_t[..., None, :]
         outs.append((state @ q_t[..., None])[..., 0])
-    return torch.stack(outs, dim=2)
+        states.append(state)
+    o = torch.stack(outs, dim=2)
+    return (o, torch.stack(states, dim=1)) if keep else o
 
 
 def delta_rule_chunked(
@@ -170,6 +180,21 @@ class DeltaNet(Mixer):
     def mix(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v, beta = self.qkv_beta(x)
         return self.finish(delta_rule_chunked(q, k, v, beta, self.options.chunk_size))
+
+    # Resuming from a prefix (Mixer.prefix_states): the state is S after each position,
+    # [B, T, H, d_v, d_k]; the q, k, v convs read conv_size - 1 inputs before the cut.
+    def prefix_halo(self) -> int:
+        return 0 if self.options.conv_size is None else self.options.conv_size - 1
+
+    def prefix_states(self, x: torch.Tensor) -> torch.Tensor:
+        return delta_rule_recurrent(*self.qkv_beta(x), keep=True)[1]
+
+    def state_at(self, states: torch.Tensor, rows: torch.Tensor, start: int) -> torch.Tensor | None:
+        return None if start == 0 else states[rows, start - 1]
+
+    def mix_from(self, x: torch.Tensor, offset: int, state: torch.Tensor | None) -> torch.Tensor:
+        q, k, v, beta = (t[:, :, offset:] for t in self.qkv_beta(x))
+        return self.finish(delta_rule_recurrent(q, k, v, beta, initial=state))
 
     def mix_recurrent(self, x: torch.Tensor) -> torch.Tensor:
         """:meth:`mix` with the step-by-step delta rule (for tests and debugging)."""

@@ -113,12 +113,21 @@ def selective_scan(
 
 
 def _scan_forward(
-    u: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, keep: bool
+    u: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    keep: bool,
+    initial: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Time-major scan: u = Δx, dt = Δ [T, batch, D]; B, C [T, batch, N] -> y [T, batch, D]
-    and, with ``keep``, every state and decay [T, batch, D, N] for the backward pass."""
+    and, with ``keep``, every state and decay [T, batch, D, N] for the backward pass (or for
+    resuming from any position). ``initial`` [batch, D, N]: the state before the first step."""
     decay = torch.exp(dt.unsqueeze(-1) * A)
     h = u[0].unsqueeze(-1) * B[0].unsqueeze(-2)
+    if initial is not None:
+        h = torch.addcmul(h, decay[0], initial)
     states, ys = [h], [(h * C[0].unsqueeze(-2)).sum(-1)]
     for t in range(1, u.shape[0]):
         h = torch.addcmul(u[t].unsqueeze(-1) * B[t].unsqueeze(-2), decay[t], h)
@@ -239,3 +248,30 @@ class Mamba(Mixer):
         xs, delta, b, c, z = self.ssm_inputs(x)
         y = selective_scan(xs, delta, self.A(), b, c, self.D)
         return self.out_proj(y * F.silu(z))
+
+    # Resuming from a prefix (Mixer.prefix_states): the state is the SSM's h after each
+    # position, [B, T, d_inner, N]; the conv reads d_conv - 1 inputs before the cut.
+    def prefix_halo(self) -> int:
+        return 0 if self.options.d_conv is None else self.options.d_conv - 1
+
+    def prefix_states(self, x: torch.Tensor) -> torch.Tensor:
+        return self._scan_from(x, 0, None, keep=True)[1].transpose(0, 1)
+
+    def state_at(self, states: torch.Tensor, rows: torch.Tensor, start: int) -> torch.Tensor | None:
+        return None if start == 0 else states[rows, start - 1]
+
+    def mix_from(self, x: torch.Tensor, offset: int, state: torch.Tensor | None) -> torch.Tensor:
+        y, z = self._scan_from(x, offset, state, keep=False)
+        return self.out_proj(y * F.silu(z))
+
+    def _scan_from(
+        self, x: torch.Tensor, offset: int, state: torch.Tensor | None, keep: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(y before the gate [R, W - offset, d_inner], z) from window position ``offset``
+        on, or with ``keep`` (y, every state [T, R, d_inner, N])."""
+        xs, delta, b, c, z = (t[:, offset:] for t in self.ssm_inputs(x))
+        xt, dt = xs.transpose(0, 1), delta.transpose(0, 1)
+        bt, ct = b.transpose(0, 1), c.transpose(0, 1)
+        out = _scan_forward(dt * xt, dt, self.A(), bt, ct, keep=keep, initial=state)
+        y = (out[0] + xt * self.D).transpose(0, 1)
+        return (y, out[1]) if keep else (y, z)

@@ -16,7 +16,12 @@ from mecheval.errors import ConfigError
 def intervene_command(
     run_dir: Annotated[Path, typer.Argument(help="a finished run folder")],
     sites: Annotated[
-        list[str] | None, typer.Option("--sites", help="sites to patch (repeatable); default all")
+        list[str] | None,
+        typer.Option(
+            "--sites",
+            help="sites to patch (repeatable); default all module sites. A recurrent "
+            "mixer's state is the site layers.{i}.mixer.state (Mamba, DeltaNet)",
+        ),
     ] = None,
     roles: Annotated[
         list[str] | None, typer.Option("--roles", help="roles to patch (repeatable); default all")
@@ -35,6 +40,7 @@ def intervene_command(
     from mecheval.interventions import restore_view
     from mecheval.interventions.engine import RESTORE_METRICS
     from mecheval.models import site_names
+    from mecheval.models.sites import state_site_names
     from mecheval.tasks.registry import roles_of
     from mecheval.training.folder import load_run
 
@@ -46,7 +52,8 @@ def intervene_command(
         raise ConfigError(f"-n: expected >= 1, got {n_docs}")
     check_documents(documents)
     cfg, model = load_run(run_dir)
-    known = site_names(model)
+    # The recurrent-state sites are asked for by name; "all" means the module sites.
+    known = site_names(model) + state_site_names(model)
     for site in sites or []:
         if site not in known:
             raise ConfigError(f"--sites: {site!r} is not a site of this model ({', '.join(known)})")

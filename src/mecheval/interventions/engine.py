@@ -49,7 +49,14 @@ import torch
 from mecheval.interventions.patch import patch, record
 from mecheval.interventions.prefix import PrefixCache, prefix_cache, run_from
 from mecheval.models.backbone import LanguageModel
-from mecheval.models.sites import FINAL_NORM_INPUT, layer_site, site_names, split_layer
+from mecheval.models.sites import (
+    FINAL_NORM_INPUT,
+    layer_site,
+    site_names,
+    split_layer,
+    state_site_layer,
+    state_site_names,
+)
 from mecheval.tasks.batch import ROLES, Batch
 from mecheval.tasks.scores import answer_scores, available_scores
 
@@ -177,18 +184,25 @@ def interchange(
     sites = list(sites) if sites is not None else site_names(model)
     roles = list(roles) if roles is not None else batch_roles(original)
     _check(original, corrupted, roles)
+    _check_state_sites(model, sites)
     n = len(original)
     answer, candidates, metrics = original.answer, original.candidates, _metrics(original)
-    restarts = {site: _restart(model, site) for site in sites}
+    module_sites = [site for site in sites if state_site_layer(site) is None]
+    restarts = {site: _restart(model, site) for site in module_sites}
     inputs = [layer_site(j, "input") for j in range(len(model.layers))]
-    cached = sorted(set(sites) | set(inputs) | {s for s, _, _ in restarts.values() if s})
-    with record(model, sites) as source:
+    cached = sorted(set(module_sites) | set(inputs) | {s for s, _, _ in restarts.values() if s})
+    # A state site patches the source run's state, computed from its block inputs.
+    with_states = len(module_sites) < len(sites)
+    recorded = sorted(set(module_sites) | (set(inputs) if with_states else set()))
+    with record(model, recorded) as source:
         s_orig = _scores(model(original.tokens, at=original.query), answer, candidates)
     with record(model, cached) as base:
         s_corr = _scores(model(corrupted.tokens, at=corrupted.query), answer, candidates)
 
     rows = _baseline_rows(s_orig, s_corr, metrics)
-    prefix = prefix_cache(model, [base[site] for site in inputs]) if resume else None
+    prefix = None
+    if resume or with_states:
+        prefix = prefix_cache(model, [base[site] for site in inputs])
     docs = torch.arange(n)
     per_example = []
     if not roles:
@@ -198,6 +212,22 @@ def interchange(
     dst_pos = torch.cat([corrupted.roles[r] for r in roles]) if roles else docs[:0]
     doc_of_row = docs.repeat(len(roles))
     for site in sites:
+        state_layer = state_site_layer(site)
+        if state_layer is not None:
+            positions = (doc_of_row, src_pos, dst_pos)
+            scores = _restore_states(
+                model,
+                state_layer,
+                source,
+                prefix,
+                positions,
+                original,
+                corrupted,
+                s_corr,
+                max_batch,
+            )
+            _collect(site, scores, metrics, roles, n, s_orig, s_corr, rows, per_example)
+            continue
         values = source[site][doc_of_row, src_pos]
         # Where the source equals what the corrupted run already has (e.g. every position
         # but the key before any mixing), the patched run *is* the corrupted run.
@@ -229,22 +259,7 @@ def interchange(
             scores[:, rows_] = _scores(
                 logits, answer[docs_], None if candidates is None else candidates[docs_]
             )
-        by_role = scores.view(len(metrics), len(roles), n)
-        for k, role in enumerate(roles):
-            for m, metric in enumerate(metrics):
-                rows.append(("restored", site, role, metric, by_role[m, k].mean().item()))
-            per_example.append(
-                pd.DataFrame(
-                    {
-                        "doc": docs.numpy(),
-                        "site": site,
-                        "role": role,
-                        "restored": by_role[0, k].numpy(),
-                        "original": s_orig[0].numpy(),
-                        "corrupted": s_corr[0].numpy(),
-                    }
-                )
-            )
+        _collect(site, scores, metrics, roles, n, s_orig, s_corr, rows, per_example)
     table = pd.DataFrame(rows, columns=["condition", "site", "role", "metric", "value"])
     examples = (
         pd.concat(per_example, ignore_index=True)
@@ -252,6 +267,87 @@ def interchange(
         else pd.DataFrame(columns=["doc", "site", "role", "restored", "original", "corrupted"])
     )
     return InterchangeResult(table, examples)
+
+
+def _collect(
+    site: str,
+    scores: torch.Tensor,
+    metrics: Sequence[str],
+    roles: Sequence[str],
+    n: int,
+    s_orig: torch.Tensor,
+    s_corr: torch.Tensor,
+    rows: list,
+    per_example: list,
+) -> None:
+    """Append a site's restored scores [metrics, roles x n] to the table rows and the
+    per-example frames."""
+    by_role = scores.view(len(metrics), len(roles), n)
+    for k, role in enumerate(roles):
+        for m, metric in enumerate(metrics):
+            rows.append(("restored", site, role, metric, by_role[m, k].mean().item()))
+        per_example.append(
+            pd.DataFrame(
+                {
+                    "doc": torch.arange(n).numpy(),
+                    "site": site,
+                    "role": role,
+                    "restored": by_role[0, k].numpy(),
+                    "original": s_orig[0].numpy(),
+                    "corrupted": s_corr[0].numpy(),
+                }
+            )
+        )
+
+
+def _restore_states(
+    model: LanguageModel,
+    layer: int,
+    source: dict[str, torch.Tensor],
+    prefix: PrefixCache,
+    positions: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    original: Batch,
+    corrupted: Batch,
+    s_corr: torch.Tensor,
+    max_batch: int,
+) -> torch.Tensor:
+    """Scores [metrics, rows] of the state site of block ``layer``: in each row the mixer's
+    state after the row's corrupted position is the source run's after its position; block
+    ``layer`` resumes from there with that state (its output at the position reads it), the
+    blocks after it from the position (:func:`run_from`)."""
+    doc_of_row, src_pos, dst_pos = positions
+    block = model.layers[layer]
+    mixer = block.mixer
+    source_states = mixer.states_of(block.mixer_norm(source[layer_site(layer, "input")]))
+    values = source_states[doc_of_row, src_pos]
+    at = corrupted.query[doc_of_row]
+    scores = s_corr[:, doc_of_row].clone()
+    # Equal states (every position before the key) and states after the query change nothing.
+    same = (values == prefix.states[layer][doc_of_row, dst_pos]).flatten(1).all(1)
+    todo = (~same & (dst_pos <= at)).nonzero()[:, 0]
+    halo = mixer.halo() or 0
+    answer, candidates = original.answer, original.candidates
+    for lo_row in range(0, len(todo), max_batch):
+        chunk = todo[lo_row : lo_row + max_batch]
+        for start in dst_pos[chunk].unique().tolist():
+            rows_ = chunk[dst_pos[chunk] == start]
+            docs_ = doc_of_row[rows_]
+            lo = max(0, start - halo)
+            window = prefix.inputs[layer][docs_, lo:]
+            x = block.forward_from(window, start - lo, values[rows_], replace=True)
+            logits = run_from(model, prefix, layer + 1, docs_, start, x, at[rows_])
+            scores[:, rows_] = _scores(
+                logits, answer[docs_], None if candidates is None else candidates[docs_]
+            )
+    return scores
+
+
+def _check_state_sites(model: LanguageModel, sites: Sequence[str]) -> None:
+    known = state_site_names(model)
+    for site in sites:
+        if state_site_layer(site) is not None and site not in known:
+            have = ", ".join(known) or "none: no mixer of this model has a recurrent state"
+            raise ValueError(f"sites: {site!r} is not a state site of this model ({have})")
 
 
 @torch.no_grad()

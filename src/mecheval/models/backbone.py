@@ -79,15 +79,20 @@ class Block(nn.Module):
             x = x + self.mlp(self.mlp_norm(x))
         return self.output(x)
 
-
     def forward_from(
-        self, x: torch.Tensor, offset: int, state: Any, at: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        offset: int,
+        state: Any,
+        at: torch.Tensor | None = None,
+        replace: bool = False,
     ) -> torch.Tensor:
         """:meth:`forward` at positions ``offset``.. of the window ``x`` [R, W, d] of the
         residual stream, given the mixer's state carried into ``offset`` (see
         :meth:`Mixer.forward_from`) -> [R, W - offset, d]; ``at`` as in :meth:`forward`,
-        counted from ``offset``. Sites are skipped (no hook is set where the engine runs it)."""
-        x = x[:, offset:] + self.mixer.forward_from(self.mixer_norm(x), offset, state)
+        counted from ``offset``; ``replace`` as in :meth:`Mixer.mix_from`. Sites are skipped
+        (no hook is set where the engine runs it)."""
+        x = x[:, offset:] + self.mixer.forward_from(self.mixer_norm(x), offset, state, replace)
         if at is not None:
             x = x[torch.arange(x.shape[0], device=x.device), at][:, None]
         if self.mlp is not None:

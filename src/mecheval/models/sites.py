@@ -97,6 +97,30 @@ def site_names(model: nn.Module) -> list[str]:
     return [name for name, _ in iter_sites(model)]
 
 
+#: The recurrent state a mixer carries from one position to the next (``layers.{i}.mixer.state``):
+#: not a module but a value the engine patches through ``Mixer.mix_from(replace=True)``, for
+#: mixers with ``has_recurrent_state``. Patching it at position r sets the state after r, which
+#: the mixer's output at r and everything after it read, to the source run's.
+STATE = "mixer.state"
+
+
+def state_site_names(model: nn.Module) -> list[str]:
+    """The state sites of ``model``: one per block whose mixer has a recurrent state."""
+    return [
+        layer_site(i, STATE)
+        for i, layer in enumerate(getattr(model, "layers", []))
+        if getattr(layer.mixer, "has_recurrent_state", False)
+    ]
+
+
+def state_site_layer(name: str) -> int | None:
+    """The block of a state site name (``layers.1.mixer.state`` -> 1); None for other sites."""
+    split = split_layer(name)
+    if split is None or split[1] != STATE or not split[0].isdigit():
+        return None
+    return int(split[0])
+
+
 def get_site(model: nn.Module, name: str) -> Site:
     try:
         module = model.get_submodule(name)

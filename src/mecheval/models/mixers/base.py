@@ -85,10 +85,21 @@ class Mixer(nn.Module):
         """The state carried into position ``start`` of documents ``rows`` (None at 0)."""
         return None
 
-    def mix_from(self, x: torch.Tensor, offset: int, state: Any) -> torch.Tensor:
+    def mix_from(
+        self, x: torch.Tensor, offset: int, state: Any, replace: bool = False
+    ) -> torch.Tensor:
         """:meth:`mix`'s outputs at positions ``offset``.. of the window ``x`` [R, W, d],
-        given the state carried into window position ``offset``: [R, W - offset, d]."""
+        given the state carried into window position ``offset``: [R, W - offset, d]. With
+        ``replace`` (mixers with :attr:`has_recurrent_state` only) ``state`` is the state
+        *after* position ``offset`` instead, which its output there reads: the state site."""
+        if replace:
+            raise NotImplementedError(f"{type(self).__name__} has no recurrent state site")
         return self.mix(x)[:, offset:]
+
+    #: Whether the mixer carries a fixed-size recurrent state whose value after each position
+    #: can be patched (the site ``layers.{i}.mixer.state``): its :meth:`prefix_states` are
+    #: that state after every position, [B, T, ...], and :meth:`mix_from` takes ``replace``.
+    has_recurrent_state = False
 
     def halo(self) -> int | None:
         """:meth:`prefix_halo` plus what the short-conv switch's conv reads before the cut."""
@@ -101,13 +112,20 @@ class Mixer(nn.Module):
         """:meth:`prefix_states` of the mixer's input x (at its ``input`` site)."""
         return self.prefix_states(x if self.short_conv is None else self.short_conv(x))
 
-    def forward_from(self, x: torch.Tensor, offset: int, state: Any) -> torch.Tensor:
+    def forward_from(
+        self, x: torch.Tensor, offset: int, state: Any, replace: bool = False
+    ) -> torch.Tensor:
         """:meth:`forward` at window positions ``offset``.. (see :meth:`mix_from`). The
         mixer's own input and output sites are skipped: the engine runs this in layers after
         the patched one, where no hook is set."""
         if self.short_conv is not None:
             x = self.short_conv(x)
-        return self.mix_from(x, offset, state)
+        # Passed only when set: a mixer without a state site need not take the argument.
+        return (
+            self.mix_from(x, offset, state, replace=True)
+            if replace
+            else self.mix_from(x, offset, state)
+        )
 
     def max_length(self) -> int | None:
         """The longest sequence this mixer can take (e.g. an implicit filter's l_max); None

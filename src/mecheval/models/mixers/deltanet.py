@@ -62,13 +62,15 @@ def delta_rule_recurrent(
     beta: torch.Tensor,
     initial: torch.Tensor | None = None,
     keep: bool = False,
+    replace_first: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The delta rule one step at a time (the specification, not for speed).
 
     q, k: [B, H, T, d_k]; v: [B, H, T, d_v]; beta: [B, H, T] -> o: [B, H, T, d_v].
     q and k are used as given (normalisation and scaling happen in the caller).
     ``initial`` [B, H, d_v, d_k]: the state before the first step (zeros if None); with
-    ``keep`` also every state after each step, [B, T, H, d_v, d_k].
+    ``keep`` also every state after each step, [B, T, H, d_v, d_k]. With ``replace_first``
+    ``initial`` is the state after the first step (its update is skipped).
     """
     b, h, length, d_k = k.shape
     # S maps keys to values: S k ≈ v
@@ -76,9 +78,10 @@ def delta_rule_recurrent(
     outs, states = [], []
     for t in range(length):
         k_t, v_t, q_t = k[:, :, t], v[:, :, t], q[:, :, t]
-        predicted = (state @ k_t[..., None])[..., 0]
-        error = beta[:, :, t, None] * (v_t - predicted)
-        state = state + error[..., :, None] * k_t[..., None, :]
+        if t or not replace_first:
+            predicted = (state @ k_t[..., None])[..., 0]
+            error = beta[:, :, t, None] * (v_t - predicted)
+            state = state + error[..., :, None] * k_t[..., None, :]
         outs.append((state @ q_t[..., None])[..., 0])
         states.append(state)
     o = torch.stack(outs, dim=2)
@@ -192,9 +195,14 @@ class DeltaNet(Mixer):
     def state_at(self, states: torch.Tensor, rows: torch.Tensor, start: int) -> torch.Tensor | None:
         return None if start == 0 else states[rows, start - 1]
 
-    def mix_from(self, x: torch.Tensor, offset: int, state: torch.Tensor | None) -> torch.Tensor:
+    def mix_from(
+        self, x: torch.Tensor, offset: int, state: torch.Tensor | None, replace: bool = False
+    ) -> torch.Tensor:
         q, k, v, beta = (t[:, :, offset:] for t in self.qkv_beta(x))
-        return self.finish(delta_rule_recurrent(q, k, v, beta, initial=state))
+        o = delta_rule_recurrent(q, k, v, beta, initial=state, replace_first=replace)
+        return self.finish(o)
+
+    has_recurrent_state = True
 
     def mix_recurrent(self, x: torch.Tensor) -> torch.Tensor:
         """:meth:`mix` with the step-by-step delta rule (for tests and debugging)."""

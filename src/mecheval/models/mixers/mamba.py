@@ -120,14 +120,19 @@ def _scan_forward(
     C: torch.Tensor,
     keep: bool,
     initial: torch.Tensor | None = None,
+    replace_first: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """Time-major scan: u = Δx, dt = Δ [T, batch, D]; B, C [T, batch, N] -> y [T, batch, D]
     and, with ``keep``, every state and decay [T, batch, D, N] for the backward pass (or for
-    resuming from any position). ``initial`` [batch, D, N]: the state before the first step."""
+    resuming from any position). ``initial`` [batch, D, N]: the state before the first step,
+    or with ``replace_first`` the state after it (the first step's update is skipped)."""
     decay = torch.exp(dt.unsqueeze(-1) * A)
-    h = u[0].unsqueeze(-1) * B[0].unsqueeze(-2)
-    if initial is not None:
-        h = torch.addcmul(h, decay[0], initial)
+    if replace_first:
+        h = initial
+    else:
+        h = u[0].unsqueeze(-1) * B[0].unsqueeze(-2)
+        if initial is not None:
+            h = torch.addcmul(h, decay[0], initial)
     states, ys = [h], [(h * C[0].unsqueeze(-2)).sum(-1)]
     for t in range(1, u.shape[0]):
         h = torch.addcmul(u[t].unsqueeze(-1) * B[t].unsqueeze(-2), decay[t], h)
@@ -260,18 +265,29 @@ class Mamba(Mixer):
     def state_at(self, states: torch.Tensor, rows: torch.Tensor, start: int) -> torch.Tensor | None:
         return None if start == 0 else states[rows, start - 1]
 
-    def mix_from(self, x: torch.Tensor, offset: int, state: torch.Tensor | None) -> torch.Tensor:
-        y, z = self._scan_from(x, offset, state, keep=False)
+    def mix_from(
+        self, x: torch.Tensor, offset: int, state: torch.Tensor | None, replace: bool = False
+    ) -> torch.Tensor:
+        y, z = self._scan_from(x, offset, state, keep=False, replace=replace)
         return self.out_proj(y * F.silu(z))
 
+    has_recurrent_state = True
+
     def _scan_from(
-        self, x: torch.Tensor, offset: int, state: torch.Tensor | None, keep: bool
+        self,
+        x: torch.Tensor,
+        offset: int,
+        state: torch.Tensor | None,
+        keep: bool,
+        replace: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(y before the gate [R, W - offset, d_inner], z) from window position ``offset``
         on, or with ``keep`` (y, every state [T, R, d_inner, N])."""
         xs, delta, b, c, z = (t[:, offset:] for t in self.ssm_inputs(x))
         xt, dt = xs.transpose(0, 1), delta.transpose(0, 1)
         bt, ct = b.transpose(0, 1), c.transpose(0, 1)
-        out = _scan_forward(dt * xt, dt, self.A(), bt, ct, keep=keep, initial=state)
+        out = _scan_forward(
+            dt * xt, dt, self.A(), bt, ct, keep=keep, initial=state, replace_first=replace
+        )
         y = (out[0] + xt * self.D).transpose(0, 1)
         return (y, out[1]) if keep else (y, z)

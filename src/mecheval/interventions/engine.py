@@ -161,6 +161,48 @@ def _from_patch(
     return logits
 
 
+def _resume_inside(
+    model: LanguageModel,
+    prefix: PrefixCache,
+    first: int,
+    docs: torch.Tensor,
+    patched: tuple[str, torch.Tensor, torch.Tensor],
+    at: torch.Tensor,
+    tail: bool,
+) -> torch.Tensor:
+    """Logits at ``at`` of rows patched at a site inside block ``first`` (``patched``: the
+    site, each row's position and value): block ``first`` resumes from each row's position
+    with the patch hook set, reading positions relative to the suffix each site sees, then
+    the blocks after it (:func:`run_from`). ``tail``: the last block's MLP at the query only."""
+    site, positions, values = patched
+    length = prefix.inputs[first].shape[1]
+    block = model.layers[first]
+    halo = block.mixer.halo()
+    last = first == len(model.layers) - 1
+    starts = torch.minimum(positions, at)
+    logits = None
+    for start in starts.unique().tolist():
+        group = (starts == start).nonzero()[:, 0]
+        docs_, at_ = docs[group], at[group] - start
+        lo = 0 if halo is None else max(0, start - halo)
+        state = None if halo is None else block.mixer.state_at(prefix.states[first], docs_, start)
+        with patch(model, site, positions[group], values[group], length=length):
+            x = block.forward_from(
+                prefix.inputs[first][docs_, lo:],
+                start - lo,
+                state,
+                at=at_ if last and tail else None,
+            )
+        if not last:
+            out = run_from(model, prefix, first + 1, docs_, start, x, at[group])
+        else:
+            out = model.head(x, torch.zeros_like(at_) if tail else at_)
+        if logits is None:
+            logits = out.new_empty(len(docs), out.shape[-1])
+        logits[group] = out
+    return logits
+
+
 def _in_last_block_tail(model: LanguageModel, site: str) -> bool:
     last = len(model.layers) - 1
     return site.startswith((layer_site(last, "mlp"), layer_site(last, "output"))) or (
@@ -245,11 +287,9 @@ def interchange(
                     logits = _from_patch(model, prefix, first, docs_, dst_, x, at_)
                 else:
                     logits = _downstream(model, x, first, at_, tail)
-            elif resume and start and first < len(model.layers) - 1:
-                # Block `first` runs whole with the hook; the blocks after it from the patch.
-                with patch(model, site, dst_, values[rows_]):
-                    x = model.layers[first](base[start][docs_])
-                logits = _from_patch(model, prefix, first + 1, docs_, dst_, x, at_)
+            elif resume and start:
+                patched = (site, dst_, values[rows_])
+                logits = _resume_inside(model, prefix, first, docs_, patched, at_, tail)
             elif start:
                 with patch(model, site, dst_, values[rows_]):
                     logits = _downstream(model, base[start][docs_], first, at_, tail)

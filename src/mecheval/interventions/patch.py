@@ -36,18 +36,29 @@ def record(model: nn.Module, sites: Sequence[str]) -> Iterator[dict[str, torch.T
 
 @contextmanager
 def patch(
-    model: nn.Module, site: str, positions: torch.Tensor, values: torch.Tensor
+    model: nn.Module,
+    site: str,
+    positions: torch.Tensor,
+    values: torch.Tensor,
+    length: int | None = None,
 ) -> Iterator[None]:
     """Overwrite row b of ``site`` at token ``positions[b]`` with ``values[b]`` ([B, C]) in
-    every forward inside the block; everything downstream sees the patched activation."""
+    every forward inside the block; everything downstream sees the patched activation.
+
+    With ``length`` (the documents' length) a site that sees fewer positions sees the last
+    ones, as a block resumed from a prefix does (interventions/prefix.py): position p is
+    then at index p - (length - seen)."""
 
     def overwrite(module: nn.Module, inputs: object, output: torch.Tensor) -> torch.Tensor:
         if output.shape[0] != positions.shape[0]:
             raise ValueError(
                 f"patch {site}: {positions.shape[0]} positions for a batch of {output.shape[0]}"
             )
+        index = positions if length is None else positions - (length - output.shape[1])
+        if bool((index < 0).any()):
+            raise ValueError(f"patch {site}: a patched position lies before the resumed window")
         output = output.clone()
-        output[torch.arange(output.shape[0], device=output.device), positions] = values.to(
+        output[torch.arange(output.shape[0], device=output.device), index] = values.to(
             output.dtype
         )
         return output

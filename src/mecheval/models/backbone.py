@@ -90,14 +90,15 @@ class Block(nn.Module):
         """:meth:`forward` at positions ``offset``.. of the window ``x`` [R, W, d] of the
         residual stream, given the mixer's state carried into ``offset`` (see
         :meth:`Mixer.forward_from`) -> [R, W - offset, d]; ``at`` as in :meth:`forward`,
-        counted from ``offset``; ``replace`` as in :meth:`Mixer.mix_from`. Sites are skipped
-        (no hook is set where the engine runs it)."""
+        counted from ``offset``; ``replace`` as in :meth:`Mixer.mix_from`. Each site sees the
+        suffix of positions it computes (see :meth:`Mixer.forward_from`)."""
+        x = self.input(x)
         x = x[:, offset:] + self.mixer.forward_from(self.mixer_norm(x), offset, state, replace)
         if at is not None:
             x = x[torch.arange(x.shape[0], device=x.device), at][:, None]
         if self.mlp is not None:
-            x = x + self.mlp.fc2(self.mlp.act(self.mlp.fc1(self.mlp_norm(x))))
-        return x
+            x = x + self.mlp(self.mlp_norm(x))
+        return self.output(x)
 
 
 class FinalNorm(nn.Module):

@@ -115,17 +115,19 @@ class Mixer(nn.Module):
     def forward_from(
         self, x: torch.Tensor, offset: int, state: Any, replace: bool = False
     ) -> torch.Tensor:
-        """:meth:`forward` at window positions ``offset``.. (see :meth:`mix_from`). The
-        mixer's own input and output sites are skipped: the engine runs this in layers after
-        the patched one, where no hook is set."""
+        """:meth:`forward` at window positions ``offset``.. (see :meth:`mix_from`). Every
+        site sees the positions it computes, a suffix of the document (the ``input`` site the
+        window, ``output`` positions ``offset``..): ``patch(..., length=)`` reads them so."""
+        x = self.input(x)
         if self.short_conv is not None:
             x = self.short_conv(x)
         # Passed only when set: a mixer without a state site need not take the argument.
-        return (
+        y = (
             self.mix_from(x, offset, state, replace=True)
             if replace
             else self.mix_from(x, offset, state)
         )
+        return self.output(y)
 
     def max_length(self) -> int | None:
         """The longest sequence this mixer can take (e.g. an implicit filter's l_max); None

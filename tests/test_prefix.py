@@ -19,6 +19,8 @@ CASES = [(arch, {}, None) for arch in sorted(ARCHITECTURES)] + [
     ("mamba", {"d_conv": 2}, None),
     ("deltanet", {"conv_size": None}, None),
     ("deltanet", {"num_heads": 2}, None),
+    ("based", {"long_conv": True}, None),
+    ("based", {"num_heads": 2, "num_key_value_heads": 2, "conv_kernel_size": 4}, None),
     ("attention", {"num_heads": 2}, 3),
     ("attention", {}, 2),
 ]

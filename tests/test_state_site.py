@@ -40,6 +40,21 @@ def mixer_with_swap(mixer, u: torch.Tensor, at: int, swap: torch.Tensor | None):
                 h = h if swap is None else swap
             ys.append((h * c[:, t, None, :]).sum(-1) + mixer.D * xs[:, t])
         return mixer.out_proj(torch.stack(ys, 1) * F.silu(z)), kept
+    if hasattr(mixer, "featurise"):  # Based: S_t = S_{t-1} + φ(k_t) v_tᵀ, z_t = z_{t-1} + φ(k_t)
+        q, k, v = mixer.featurise(u)
+        s = torch.zeros(1, q.shape[1], q.shape[-1], v.shape[-1], dtype=u.dtype)
+        z = torch.zeros(1, q.shape[1], q.shape[-1], dtype=u.dtype)
+        outs = []
+        for t in range(length):
+            s = s + k[:, :, t, :, None] * v[:, :, t, None, :]
+            z = z + k[:, :, t]
+            if t == at:
+                kept = (s, z)
+                s, z = (s, z) if swap is None else swap
+            num = (q[:, :, t, :, None] * s).sum(-2)
+            outs.append(num / ((q[:, :, t] * z).sum(-1, keepdim=True) + 1e-12))
+        y = torch.stack(outs, 2).transpose(1, 2).reshape(1, length, -1)
+        return mixer.proj_o(y), kept
     # DeltaNet: S_t = S_{t-1} + β_t (v_t - S_{t-1} k_t) k_tᵀ, o_t = S_t q_t
     q, k, v, beta = mixer.qkv_beta(u)
     state = torch.zeros(1, q.shape[1], v.shape[-1], k.shape[-1], dtype=u.dtype)
@@ -69,8 +84,10 @@ def logits_with_swap(model, tokens, query: int, layer: int, at: int, swap):
     return model.head(x, torch.tensor([query])), kept
 
 
-@pytest.mark.parametrize("arch", ["mamba", "deltanet"])
-@pytest.mark.parametrize("layer", [0, 1])
+@pytest.mark.parametrize(
+    ("arch", "layer"),
+    [("mamba", 0), ("mamba", 1), ("deltanet", 0), ("deltanet", 1), ("based", 1)],
+)
 def test_restoring_the_state_equals_a_hand_written_swap(arch: str, layer: int) -> None:
     model = model_for(arch)
     original = build_datasets(TASK)["dev"].batch(torch.arange(6))

@@ -58,9 +58,7 @@ def patch(
         if bool((index < 0).any()):
             raise ValueError(f"patch {site}: a patched position lies before the resumed window")
         output = output.clone()
-        output[torch.arange(output.shape[0], device=output.device), index] = values.to(
-            output.dtype
-        )
+        output[torch.arange(output.shape[0], device=output.device), index] = values.to(output.dtype)
         return output
 
     handle = get_site(model, site).register_forward_hook(overwrite)

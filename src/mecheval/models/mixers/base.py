@@ -68,8 +68,9 @@ class Mixer(nn.Module):
     # keys and values) lets the engine run a patched row from p on only: ``prefix_states``
     # once over the corrupted documents, then ``forward_from`` per patched row. The defaults
     # (no state: recompute the whole window) are right for every causal mixer, plugins
-    # included; a mixer overrides all four of ``prefix_halo``, ``prefix_states``,
-    # ``state_at`` and ``mix_from`` or none.
+    # included. A mixer with a state overrides ``prefix_halo``, ``prefix_states``,
+    # ``state_at`` and ``mix_from``; one whose window carries everything (a short conv and
+    # per-position maps) overrides ``prefix_halo`` alone.
 
     def prefix_halo(self) -> int | None:
         """How many positions before the cut :meth:`mix_from` reads besides the state (a

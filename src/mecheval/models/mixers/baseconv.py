@@ -86,6 +86,12 @@ class BaseConv(Mixer):
     def max_length(self) -> int | None:
         return self.conv.filter.l_max if isinstance(self.conv, ImplicitLongConv) else None
 
+    def prefix_halo(self) -> int | None:
+        # A short conv reads kernel_size - 1 inputs before the cut and carries nothing else,
+        # so the window alone resumes it (the default prefix methods); a long convolution
+        # reads the whole history.
+        return self.conv.kernel_size - 1 if isinstance(self.conv, ShortConv) else None
+
     def mix(self, u: torch.Tensor) -> torch.Tensor:
         u_conv = self.conv(u)
         u_proj = self.projection(u)

@@ -77,20 +77,37 @@ def linear_attention_quadratic(
 
 
 def linear_attention_recurrent(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float = EPS
-) -> torch.Tensor:
-    """The same function as a recurrence over the state S = sum phi(k) v^T, z = sum phi(k)."""
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    eps: float = EPS,
+    initial: tuple[torch.Tensor, torch.Tensor] | None = None,
+    keep: bool = False,
+    replace_first: bool = False,
+):
+    """The same function as a recurrence over the state S = sum phi(k) v^T, z = sum phi(k).
+
+    ``initial`` (S [B, H, F, E], z [B, H, F]): the state before the first step, or with
+    ``replace_first`` after it (its update skipped); with ``keep`` also every state after
+    each step, ([B, T, H, F, E], [B, T, H, F])."""
     b, h, t, f = q.shape
-    s = q.new_zeros(b, h, f, v.shape[-1])
-    z = q.new_zeros(b, h, f)
-    out = []
+    if initial is None:
+        s, z = q.new_zeros(b, h, f, v.shape[-1]), q.new_zeros(b, h, f)
+    else:
+        s, z = initial
+    out, states, norms = [], [], []
     for i in range(t):
-        s = s + k[:, :, i, :, None] * v[:, :, i, None, :]
-        z = z + k[:, :, i]
+        if i or not replace_first:
+            s = s + k[:, :, i, :, None] * v[:, :, i, None, :]
+            z = z + k[:, :, i]
         num = (q[:, :, i, :, None] * s).sum(-2)
         den = (q[:, :, i] * z).sum(-1, keepdim=True)
         out.append(num / (den + eps))
-    return torch.stack(out, dim=2)
+        if keep:
+            states.append(s)
+            norms.append(z)
+    y = torch.stack(out, dim=2)
+    return (y, (torch.stack(states, 1), torch.stack(norms, 1))) if keep else y
 
 
 class BasedLinearAttention(Mixer):
@@ -119,6 +136,32 @@ class BasedLinearAttention(Mixer):
     def mix(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         y = linear_attention_quadratic(*self.featurise(x))
+        return self.proj_o(y.transpose(1, 2).reshape(b, t, d))
+
+    # Resuming from a prefix (Mixer.prefix_states): the state is (S, z) after each position.
+    has_recurrent_state = True
+
+    def prefix_halo(self) -> int:
+        return 0
+
+    def prefix_states(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return linear_attention_recurrent(*self.featurise(x), keep=True)[1]
+
+    def state_at(
+        self, states: tuple[torch.Tensor, torch.Tensor], rows: torch.Tensor, start: int
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return None if start == 0 else (states[0][rows, start - 1], states[1][rows, start - 1])
+
+    def mix_from(
+        self,
+        x: torch.Tensor,
+        offset: int,
+        state: tuple[torch.Tensor, torch.Tensor] | None,
+        replace: bool = False,
+    ) -> torch.Tensor:
+        x = x[:, offset:]
+        b, t, d = x.shape
+        y = linear_attention_recurrent(*self.featurise(x), initial=state, replace_first=replace)
         return self.proj_o(y.transpose(1, 2).reshape(b, t, d))
 
 

@@ -47,7 +47,7 @@ def invoke(*args: str):
 def test_the_example_passes_check_mixer(plugin) -> None:
     result = invoke("--plugin", str(plugin), "check-mixer", "my-gla")
     assert result.exit_code == 0, result.output
-    assert "my-gla: all 8 checks passed" in result.output
+    assert "my-gla: all 9 checks passed" in result.output
 
 
 def test_check_mixer_exits_1_on_a_failing_check(plugin, tmp_path) -> None:

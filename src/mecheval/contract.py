@@ -24,6 +24,9 @@ models itself and raises :class:`CheckFailed` with a one-line reason. What they 
 * ``site-patching``: overwriting any site with its own value changes nothing (no computation
   goes around a site or through an alias of it); patching the mixer input at position p
   changes outputs from p on and nothing before p;
+* ``resume``: each mixer resumed at every position from its own prefix states gives its full
+  forward's outputs from there (the engine runs patched rows so); the ``Mixer`` defaults,
+  which recompute the window, pass by construction;
 * ``interchange``: the batched intervention engine equals the naive one-forward-per-patch
   loop on this architecture (layer 0's sites and final_norm.input, every role), per document
   and in the table, to ENGINE_RTOL relative; and both do what a restore must: restoring the
@@ -282,6 +285,39 @@ def check_sites(arch: str, options: Mapping[str, Any] | None = None) -> str:
     return f"{len(names)} sites, each fired once with [B, T, C]"
 
 
+def check_resume(arch: str, options: Mapping[str, Any] | None = None) -> str:
+    """Every mixer resumed at every cut p from its own prefix states (``Mixer.prefix_states``,
+    ``state_at``, ``forward_from``) gives its full forward's outputs at p.. (float64); with a
+    recurrent state, replacing the state after p by itself changes nothing either."""
+    model = make_model(arch, options, short_conv=None).double()
+    x = torch.randn(3, 11, D_MODEL, generator=torch.Generator().manual_seed(5), dtype=torch.double)
+    rows = torch.tensor([2, 0])
+    worst, kinds = 0.0, set()
+    with torch.no_grad():
+        for i, mixer in enumerate(layer.mixer for layer in model.layers):
+            full = mixer(x)
+            halo = mixer.halo()
+            states = None if halo is None else mixer.states_of(x)
+            kinds.add("recomputes its window" if halo is None else f"resumes (halo {halo})")
+            for start in range(x.shape[1]):
+                lo = 0 if halo is None else max(0, start - halo)
+                state = None if halo is None else mixer.state_at(states, rows, start)
+                got = mixer.forward_from(x[rows, lo:], start - lo, state)
+                diff = _max_diff(got, full[rows, start:])
+                _require(diff < 1e-10, f"layers.{i}.mixer resumed at {start} differs by {diff:.2e}")
+                worst = max(worst, diff)
+                if getattr(mixer, "has_recurrent_state", False):
+                    after = mixer.state_at(states, rows, start + 1)
+                    got = mixer.forward_from(x[rows, lo:], start - lo, after, replace=True)
+                    diff = _max_diff(got, full[rows, start:])
+                    _require(
+                        diff < 1e-10,
+                        f"layers.{i}.mixer: its own state after {start} put back differs by "
+                        f"{diff:.2e}",
+                    )
+    return f"{', '.join(sorted(kinds))}: within {worst:.1e} of the full forward (float64)"
+
+
 def check_site_patching(arch: str, options: Mapping[str, Any] | None = None) -> str:
     # A large init, so that every path carries signal: at init_std 0.02 a Hyena long filter is
     # ~1e-4 and a patch of the mixer input would move the logits by less than round-off.
@@ -411,6 +447,7 @@ CHECKS: dict[str, Callable[[str, Mapping[str, Any] | None], str]] = {
     "gradients": check_gradients,
     "sites": check_sites,
     "site-patching": check_site_patching,
+    "resume": check_resume,
     "interchange": check_interchange,
 }
 

@@ -229,7 +229,8 @@ def interchange(
     _check_state_sites(model, sites)
     n = len(original)
     answer, candidates, metrics = original.answer, original.candidates, _metrics(original)
-    module_sites = [site for site in sites if state_site_layer(site) is None]
+    state_sites = set(state_site_names(model))
+    module_sites = [site for site in sites if site not in state_sites]
     restarts = {site: _restart(model, site) for site in module_sites}
     inputs = [layer_site(j, "input") for j in range(len(model.layers))]
     cached = sorted(set(module_sites) | set(inputs) | {s for s, _, _ in restarts.values() if s})
@@ -254,8 +255,8 @@ def interchange(
     dst_pos = torch.cat([corrupted.roles[r] for r in roles]) if roles else docs[:0]
     doc_of_row = docs.repeat(len(roles))
     for site in sites:
-        state_layer = state_site_layer(site)
-        if state_layer is not None:
+        if site in state_sites:
+            state_layer = state_site_layer(site)
             positions = (doc_of_row, src_pos, dst_pos)
             scores = _restore_states(
                 model,
@@ -397,7 +398,7 @@ def _index(states: torch.Tensor | tuple, *index: torch.Tensor) -> torch.Tensor |
 
 
 def _check_state_sites(model: LanguageModel, sites: Sequence[str]) -> None:
-    known = state_site_names(model)
+    known = state_site_names(model) + site_names(model)
     for site in sites:
         if state_site_layer(site) is not None and site not in known:
             have = ", ".join(known) or "none: no mixer of this model has a recurrent state"

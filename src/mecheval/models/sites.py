@@ -105,11 +105,12 @@ STATE = "mixer.state"
 
 
 def state_site_names(model: nn.Module) -> list[str]:
-    """The state sites of ``model``: one per block whose mixer has a recurrent state."""
+    """The state sites of ``model``: one per block whose mixer has a recurrent state (and no
+    module of its own named ``state``, which stays an ordinary site)."""
     return [
         layer_site(i, STATE)
         for i, layer in enumerate(getattr(model, "layers", []))
-        if getattr(layer.mixer, "has_recurrent_state", False)
+        if getattr(layer.mixer, "has_recurrent_state", False) and not hasattr(layer.mixer, "state")
     ]
 
 

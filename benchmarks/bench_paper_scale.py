@@ -9,7 +9,12 @@ per (architecture, width), and sets the total beside the paper's "< 10,000 GPU-h
 200 models per experiment at 0.5-5 GPU-hours each".
 
     python benchmarks/bench_paper_scale.py [--device cpu|cuda] [--steps 5] [--lrs 5]
-        [--widths 16 32 64 128 256] [--arch mamba h3] [--threads 1]
+        [--widths 16 32 64 128 256] [--arch mamba h3] [--threads 1] [--workers 2]
+
+``--workers N`` also projects the wall time on N cores (one run per core, longest first, as
+``reproduce --workers N`` schedules them): the larger of the thread-hours / N and the
+longest run. The steps are timed one process at a time; runs side by side share the memory
+bandwidth, and per-run evaluation (emergence tracking, interventions) is not counted.
 
 Each configuration runs in its own process so that peak memory is its own.
 """
@@ -90,6 +95,7 @@ def main() -> None:
     parser.add_argument("--widths", type=int, nargs="+", default=PAPER_WIDTHS)
     parser.add_argument("--arch", nargs="*", default=None, help="default: every architecture")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=1, help="project the wall time on N cores")
     parser.add_argument("--one", nargs=2, metavar=("ARCH", "D"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -104,7 +110,7 @@ def main() -> None:
     )
     print("| architecture | d | params | ms/step | peak MB | h/run | h for the LRs |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    total_hours, n_runs = 0.0, 0
+    total_hours, n_runs, run_hours = 0.0, 0, []
     for arch in archs:
         for d in args.widths:
             command = [
@@ -125,6 +131,7 @@ def main() -> None:
             hours = row["step_s"] * STEPS_PER_RUN / 3600
             total_hours += hours * args.lrs
             n_runs += args.lrs
+            run_hours += [hours] * args.lrs
             print(
                 f"| {arch} | {d} | {row['params']:,} | {1000 * row['step_s']:.1f} | "
                 f"{row['peak_mb']:.0f} | {hours:.2f} | {hours * args.lrs:.1f} |",
@@ -137,6 +144,19 @@ def main() -> None:
         f"for as many runs at 0.5-5 GPU-hours each; ratio to the paper's low end "
         f"{total_hours / low:.2f}x"
     )
+    if args.workers > 1:
+        print(
+            f"on {args.workers} cores: {longest_first_makespan(run_hours, args.workers):,.1f} h "
+            f"of wall time (longest run {max(run_hours):.2f} h)"
+        )
+
+
+def longest_first_makespan(hours: list[float], workers: int) -> float:
+    """Wall time of runs handed longest first to whichever of ``workers`` frees first."""
+    free = [0.0] * workers
+    for h in sorted(hours, reverse=True):
+        free[free.index(min(free))] += h
+    return max(free)
 
 
 if __name__ == "__main__":

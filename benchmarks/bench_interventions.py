@@ -13,8 +13,11 @@ run against:
 Each line gives the time, the engine's speed-up over it, and the largest difference between
 its numbers and the engine's (restored likelihood per site x role).
 
-    python benchmarks/bench_interventions.py [--docs 320] [--naive-docs 32] [--run RUN_DIR]
-        [--arch mamba] [--roles key value query] [--pyvene]
+    python benchmarks/bench_interventions.py [--docs 320] [--naive-docs 32]
+        [--arch attention mamba ... | --run RUN_DIR ...] [--roles key value query] [--pyvene]
+
+One line per baseline and model, then a table of all models (× = the baseline's time over
+the engine's). Every model first runs one small untimed intervention (allocator, kernels).
 
 With ``--naive-docs`` smaller than ``--docs`` the naive loop runs on that many documents and
 its time is scaled linearly (the loop's cost is linear in documents), and the comparison of
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -38,34 +42,57 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=320)
     parser.add_argument("--naive-docs", type=int, default=None)
-    parser.add_argument("--arch", default="attention")
-    parser.add_argument("--run", default=None, help="a trained run folder (default: fresh model)")
+    parser.add_argument("--arch", nargs="+", default=["attention"], help="fresh paper-scale models")
+    parser.add_argument("--run", nargs="+", default=None, help="trained run folders instead")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--roles", nargs="*", default=None, help="default: every role")
     parser.add_argument("--pyvene", action="store_true", help="also time pyvene batched")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    summary = [measure(args, name, run) for name, run in models(args)]
+    print("\n| model | T | engine s | whole rows s | × | pyvene s | × | naive s | × |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for row in summary:
+        cells = [row["model"], str(row["T"]), f"{row['engine']:.2f}"]
+        for baseline in ("whole rows", "pyvene batched", "naive loop"):
+            seconds = row.get(baseline)
+            cells += (
+                ["—", "—"]
+                if seconds is None
+                else [f"{seconds:.2f}", f"{seconds / row['engine']:.1f}"]
+            )
+        print("| " + " | ".join(cells) + " |")
 
+
+def models(args: argparse.Namespace):
+    """(name, run folder or None) per model to measure."""
     if args.run:
+        return [(Path(run).name, run) for run in args.run]
+    return [(arch, None) for arch in args.arch]
+
+
+def measure(args: argparse.Namespace, name: str, run: str | None) -> dict:
+    if run:
         from mecheval.training.folder import load_run
 
-        cfg, model = load_run(args.run)
+        cfg, model = load_run(run)
         task = cfg.task
     else:
         task = ARConfig(kind="ar", n_train=0, n_dev=args.docs, n_test=0)
         torch.manual_seed(0)
         model = build_model(
-            ModelConfig(architecture=args.arch, d_model=64, vocab_size=vocab_size(task), max_len=40)
+            ModelConfig(architecture=name, d_model=64, vocab_size=vocab_size(task), max_len=40)
         ).eval()
     task = task.model_copy(update={"n_train": 0, "n_dev": args.docs})
     original = build_datasets(task)["dev"].batch(torch.arange(args.docs))
     corrupted = corrupt(original, task, seed=1)
     sites = site_names(model)
     roles = args.roles or [r for r in ROLES if r in original.roles]
+    length = original.tokens.shape[1]
     print(
-        f"{args.arch if not args.run else args.run}: {len(sites)} sites x {len(roles)} roles x "
+        f"\n{run or name}: {len(sites)} sites x {len(roles)} roles x "
         f"{args.docs} documents ({len(sites) * len(roles) * args.docs:,} interventions), "
-        f"T={original.tokens.shape[1]}, {args.threads} thread(s)"
+        f"T={length}, {args.threads} thread(s)"
     )
 
     def restored(result) -> pd.Series:
@@ -79,21 +106,26 @@ def main() -> None:
         out = run()
         return time.perf_counter() - start, out
 
+    warm = original.select(slice(0, 4)), corrupted.select(slice(0, 4))
+    interchange(model, *warm, sites, roles)
+    interchange(model, *warm, sites, roles, resume=False)
     engine_s, fast = timed(lambda: interchange(model, original, corrupted, sites, roles))
     ours = restored(fast)
     print(f"{'engine':<22} {engine_s:8.2f} s")
+    row = {"model": name, "T": length, "engine": engine_s}
 
-    def report(name: str, seconds: float, theirs: pd.Series, reference=ours, note="") -> None:
+    def report(label: str, seconds: float, theirs: pd.Series, reference=ours, note="") -> None:
         diff = (reference - theirs.reindex(reference.index)).abs().max()
+        row[label] = seconds
         print(
-            f"{name:<22} {seconds:8.2f} s  engine {seconds / engine_s:6.1f}x faster  "
+            f"{label:<22} {seconds:8.2f} s  engine {seconds / engine_s:6.1f}x faster  "
             f"max |diff| {diff:.1e}{note}"
         )
 
     whole_s, whole = timed(
         lambda: interchange(model, original, corrupted, sites, roles, resume=False)
     )
-    report("engine, whole rows", whole_s, restored(whole))
+    report("whole rows", whole_s, restored(whole))
     if args.pyvene:
         pyvene_s, theirs = timed(lambda: pyvene_batched(model, original, corrupted, sites, roles))
         report("pyvene batched", pyvene_s, theirs)
@@ -102,11 +134,12 @@ def main() -> None:
     sub_o, sub_c = original.select(slice(0, n_naive)), corrupted.select(slice(0, n_naive))
     naive_s, slow = timed(lambda: naive_interchange(model, sub_o, sub_c, sites, roles))
     naive_s *= args.docs / n_naive
-    check = (
-        ours if n_naive == args.docs else restored(interchange(model, sub_o, sub_c, sites, roles))
-    )
+    check = ours
+    if n_naive != args.docs:
+        check = restored(interchange(model, sub_o, sub_c, sites, roles))
     scaled = "" if n_naive == args.docs else f"  (run on {n_naive} docs, time scaled)"
     report("naive loop", naive_s, restored(slow), reference=check, note=scaled)
+    return row
 
 
 def pyvene_batched(model, original, corrupted, sites, roles) -> pd.Series:

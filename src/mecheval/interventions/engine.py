@@ -150,7 +150,7 @@ def _from_patch(
     [R, T, d], equal to the corrupted run's before each row's ``patched`` position: rows
     sharing a start run together from it (:func:`run_from`). A patch after the query cannot
     reach it, so such a row starts at its query."""
-    starts = torch.minimum(patched, at)
+    starts = _starts(model, first, patched, at)
     logits = None
     for start in starts.unique().tolist():
         group = (starts == start).nonzero()[:, 0]
@@ -159,6 +159,19 @@ def _from_patch(
             logits = out.new_empty(len(docs), out.shape[-1])
         logits[group] = out
     return logits
+
+
+def _starts(
+    model: LanguageModel, first: int, patched: torch.Tensor, at: torch.Tensor
+) -> torch.Tensor:
+    """Where each row resumes: its patch position, or its query if the patch lies after it
+    (a later position cannot reach the query). Any earlier start is exact too: where no
+    block from ``first`` on keeps a prefix state, every row starts at the earliest, so that
+    the rows run as one batch instead of one batch per position."""
+    starts = torch.minimum(patched, at)
+    if all(layer.mixer.halo() is None for layer in model.layers[first:]):
+        starts = torch.full_like(starts, int(starts.min()))
+    return starts
 
 
 def _resume_inside(
@@ -179,7 +192,7 @@ def _resume_inside(
     block = model.layers[first]
     halo = block.mixer.halo()
     last = first == len(model.layers) - 1
-    starts = torch.minimum(positions, at)
+    starts = _starts(model, first, positions, at)
     logits = None
     for start in starts.unique().tolist():
         group = (starts == start).nonzero()[:, 0]

@@ -81,25 +81,17 @@ def linear_attention_recurrent(
     k: torch.Tensor,
     v: torch.Tensor,
     eps: float = EPS,
-    initial: tuple[torch.Tensor, torch.Tensor] | None = None,
     keep: bool = False,
-    replace_first: bool = False,
 ):
     """The same function as a recurrence over the state S = sum phi(k) v^T, z = sum phi(k).
 
-    ``initial`` (S [B, H, F, E], z [B, H, F]): the state before the first step, or with
-    ``replace_first`` after it (its update skipped); with ``keep`` also every state after
-    each step, ([B, T, H, F, E], [B, T, H, F])."""
+    With ``keep`` also every state after each step, (S [B, T, H, F, E], z [B, T, H, F])."""
     b, h, t, f = q.shape
-    if initial is None:
-        s, z = q.new_zeros(b, h, f, v.shape[-1]), q.new_zeros(b, h, f)
-    else:
-        s, z = initial
+    s, z = q.new_zeros(b, h, f, v.shape[-1]), q.new_zeros(b, h, f)
     out, states, norms = [], [], []
     for i in range(t):
-        if i or not replace_first:
-            s = s + k[:, :, i, :, None] * v[:, :, i, None, :]
-            z = z + k[:, :, i]
+        s = s + k[:, :, i, :, None] * v[:, :, i, None, :]
+        z = z + k[:, :, i]
         num = (q[:, :, i, :, None] * s).sum(-2)
         den = (q[:, :, i] * z).sum(-1, keepdim=True)
         out.append(num / (den + eps))
@@ -161,7 +153,18 @@ class BasedLinearAttention(Mixer):
     ) -> torch.Tensor:
         x = x[:, offset:]
         b, t, d = x.shape
-        y = linear_attention_recurrent(*self.featurise(x), initial=state, replace_first=replace)
+        q, k, v = self.featurise(x)
+        # The quadratic form over the window plus the state's share, as the forward does:
+        # num_t = phi(q_t) S + sum_s a_ts v_s, den_t = phi(q_t) z + sum_s a_ts, s <= t in the
+        # window. A replaced state already holds the window's first position: its column drops.
+        a = (q @ k.transpose(-1, -2)).tril()
+        if replace:
+            a = torch.cat([torch.zeros_like(a[..., :1]), a[..., 1:]], dim=-1)
+        num, den = a @ v, a.sum(-1, keepdim=True)
+        if state is not None:
+            num = num + q @ state[0]
+            den = den + (q * state[1].unsqueeze(-2)).sum(-1, keepdim=True)
+        y = num / (den + EPS)
         return self.proj_o(y.transpose(1, 2).reshape(b, t, d))
 
 

@@ -60,28 +60,23 @@ def delta_rule_recurrent(
     k: torch.Tensor,
     v: torch.Tensor,
     beta: torch.Tensor,
-    initial: torch.Tensor | None = None,
     keep: bool = False,
-    replace_first: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The delta rule one step at a time (the specification, not for speed).
 
     q, k: [B, H, T, d_k]; v: [B, H, T, d_v]; beta: [B, H, T] -> o: [B, H, T, d_v].
     q and k are used as given (normalisation and scaling happen in the caller).
-    ``initial`` [B, H, d_v, d_k]: the state before the first step (zeros if None); with
-    ``keep`` also every state after each step, [B, T, H, d_v, d_k]. With ``replace_first``
-    ``initial`` is the state after the first step (its update is skipped).
+    With ``keep`` also every state after each step, [B, T, H, d_v, d_k].
     """
     b, h, length, d_k = k.shape
     # S maps keys to values: S k ≈ v
-    state = k.new_zeros(b, h, v.shape[-1], d_k) if initial is None else initial
+    state = k.new_zeros(b, h, v.shape[-1], d_k)
     outs, states = [], []
     for t in range(length):
         k_t, v_t, q_t = k[:, :, t], v[:, :, t], q[:, :, t]
-        if t or not replace_first:
-            predicted = (state @ k_t[..., None])[..., 0]
-            error = beta[:, :, t, None] * (v_t - predicted)
-            state = state + error[..., :, None] * k_t[..., None, :]
+        predicted = (state @ k_t[..., None])[..., 0]
+        error = beta[:, :, t, None] * (v_t - predicted)
+        state = state + error[..., :, None] * k_t[..., None, :]
         outs.append((state @ q_t[..., None])[..., 0])
         states.append(state)
     o = torch.stack(outs, dim=2)
@@ -89,7 +84,12 @@ def delta_rule_recurrent(
 
 
 def delta_rule_chunked(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, chunk_size: int
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    chunk_size: int,
+    initial: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The same function as :func:`delta_rule_recurrent`, in chunks (Yang et al., 2024, §3).
 
@@ -98,7 +98,8 @@ def delta_rule_chunked(
         (I + L) U = diag(β) V - diag(β) K S_0ᵀ,   L = strictly-lower(diag(β) K Kᵀ),
     a unit lower-triangular system (the UT transform of the WY representation), solved for
     every chunk at once. Outputs are O = Q S_0ᵀ + causal(Q Kᵀ) U and the next chunk starts
-    from S_0 + Uᵀ K; only this cheap hand-over between chunks stays sequential.
+    from S_0 + Uᵀ K; only this cheap hand-over between chunks stays sequential. ``initial``
+    [B, H, d_v, d_k]: the state before the first step (zeros if None).
     """
     b, h, length, d_k = k.shape
     d_v = v.shape[-1]
@@ -124,7 +125,8 @@ def delta_rule_chunked(
     causal = torch.ones(c, c, dtype=torch.bool, device=k.device).tril()
     scores = (q @ k.transpose(-1, -2)) * causal
 
-    state = k.new_zeros(b, h, d_k, d_v)  # stored transposed (Sᵀ) so rows multiply on the left
+    # Stored transposed (Sᵀ) so rows multiply on the left.
+    state = k.new_zeros(b, h, d_k, d_v) if initial is None else initial.transpose(-1, -2)
     outs = []
     for i in range(n):
         u_i = u[:, :, i] - w[:, :, i] @ state
@@ -199,8 +201,18 @@ class DeltaNet(Mixer):
         self, x: torch.Tensor, offset: int, state: torch.Tensor | None, replace: bool = False
     ) -> torch.Tensor:
         q, k, v, beta = (t[:, :, offset:] for t in self.qkv_beta(x))
-        o = delta_rule_recurrent(q, k, v, beta, initial=state, replace_first=replace)
-        return self.finish(o)
+        chunk = self.options.chunk_size
+        if not replace:
+            return self.finish(delta_rule_chunked(q, k, v, beta, chunk, initial=state))
+        # The state after the window's first position is given: its output reads it, the
+        # rest of the window continues from it.
+        first = (state @ q[:, :, 0, :, None]).transpose(2, 3)
+        if q.shape[2] == 1:
+            return self.finish(first)
+        rest = delta_rule_chunked(
+            q[:, :, 1:], k[:, :, 1:], v[:, :, 1:], beta[:, :, 1:], chunk, state
+        )
+        return self.finish(torch.cat([first, rest], dim=2))
 
     has_recurrent_state = True
 

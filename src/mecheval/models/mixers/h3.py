@@ -21,7 +21,7 @@ causal long convolution, plus D ~ N(0, 1) times the input. All SSM parameters ar
 
 **d_state** defaults to the paper's 1024 (Table 1; = l_max). It matters for the mechanism,
 not just for speed: the shift SSM's kernel is d_state long, so with d_state >= T the "short"
-filter spans the whole sequence. The diagonal kernel costs O(d/head_dim * d_state/2 * T)
+filter spans the whole sequence. The diagonal kernel costs O(d/head_dim * d_state/2 * sqrt(T))
 memory per forward; lower ``d_state`` for cheap CPU experiments (not paper-faithful).
 
 **head_dim** defaults to 2, the value the paper's code passes (tinylang

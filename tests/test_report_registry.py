@@ -29,6 +29,7 @@ NAMES = [
     "overwrite-ar-restore",
     "mqar-restore",
     "compositional-mqar-restore",
+    "state-size",
 ]
 
 

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mecheval.cli import HELP_MARKUP, CommandGroup, app
-from mecheval.models import ModelConfig, build_model, count_parameters, site_names
+from mecheval.models import ModelConfig, build_model, count_parameters, site_names, state_size
 from mecheval.models.registry import available_architectures, get_architecture
 
 models_app = typer.Typer(
@@ -30,15 +30,21 @@ def list_models(
     n_layers: int = typer.Option(2, help="number of layers"),
     sites: bool = typer.Option(True, help="also list each architecture's sites"),
 ) -> None:
-    """Parameter counts per architecture and width, and each architecture's sites."""
+    """Parameter counts per architecture and width, the state each carries per sequence at
+    inference, and each architecture's sites."""
     console = Console()
     table = Table(title=f"parameters (vocab {vocab_size}, {n_layers} layers, max_len {max_len})")
-    table.add_column("architecture")
-    for d in WIDTHS:
-        table.add_column(f"d={d}", justify="right")
+    states = Table(
+        title=f"state: floats per sequence after {max_len} tokens (KV cache, recurrent states, "
+        "conv buffers)"
+    )
+    for t in (table, states):
+        t.add_column("architecture")
+        for d in WIDTHS:
+            t.add_column(f"d={d}", justify="right")
     site_lists = {}
     for name in available_architectures():
-        row = [name]
+        row, state_row = [name], [name]
         for d in WIDTHS:
             cfg = ModelConfig(
                 architecture=name,
@@ -49,9 +55,13 @@ def list_models(
             )
             model = build_model(cfg)
             row.append(f"{count_parameters(model):,}")
+            size = state_size(model, max_len)
+            state_row.append("—" if size is None else f"{size:,}")
         site_lists[name] = site_names(model)
         table.add_row(*row)
+        states.add_row(*state_row)
     console.print(table)
+    console.print(states)
     if sites:
         for name, names in site_lists.items():
             console.print(f"[bold]{name}[/bold] ({get_architecture(name).description})")

@@ -6,10 +6,14 @@ the run's resolved ``config.yaml`` (flattened into dotted config columns), ``sta
 
 Schema (one row per value)::
 
-    run, status, reason, <config columns: task.*, model.*, training.*>,
+    run, status, reason, state_size, <config columns: task.*, model.*, training.*>,
     source (behavioural | mechanistic), step, split,
     condition ("" | original | corrupted | restored), site, layer, component, io, role,
     metric (likelihood | accuracy | loss | in_context_mass | in_context_accuracy | ...), value
+
+``state_size`` is the floats one sequence carries through the model at inference after the
+task's longest document (``model.max_len`` tokens; ``models.state_size``), empty where it is
+unknown (a plugin mixer that does not say, a model that cannot be built here).
 
 The behavioural metrics are tasks/scores.py's SCORES, the mechanistic ones
 interventions.RESTORE_METRICS; both include the binding scores (in-context mass and
@@ -18,6 +22,7 @@ accuracy) where the run was measured after they existed.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from collections.abc import Sequence
@@ -126,11 +131,31 @@ def run_table(run_dir: Path) -> pd.DataFrame:
     )
     if measurements.empty:
         measurements = pd.DataFrame([{c: None for c in MEASUREMENT_COLUMNS}])
-    head = {"run": run_dir.name, "status": status.get("state"), "reason": status.get("reason", "")}
+    head = {
+        "run": run_dir.name,
+        "status": status.get("state"),
+        "reason": status.get("reason", ""),
+        "state_size": model_state_size(json.dumps(config.get("model", {}), sort_keys=True)),
+    }
     head.update(flatten({k: v for k, v in config.items() if k in ("task", "model", "training")}))
     for column, value in reversed(head.items()):
         measurements.insert(0, column, [value] * len(measurements))
     return measurements
+
+
+@functools.lru_cache(maxsize=256)
+def model_state_size(model_json: str) -> int | None:
+    """``models.state_size`` of a run's model (its config as JSON, so that runs of one shape
+    build it once) after ``model.max_len`` tokens; None where it cannot be known."""
+    from mecheval.models import ModelConfig, build_model, state_size
+
+    try:
+        config = ModelConfig(**json.loads(model_json))
+        if config.max_len is None:
+            return None
+        return state_size(build_model(config), config.max_len)
+    except Exception:  # an unknown plugin architecture, an old config: the column stays empty
+        return None
 
 
 def run_dirs(experiment_dir: Path) -> list[Path]:

@@ -1,6 +1,6 @@
 """Models: one backbone, many sequence mixers, named intervention sites."""
 
-from mecheval.models.backbone import LanguageModel, build_model, count_parameters
+from mecheval.models.backbone import LanguageModel, build_model, count_parameters, state_size
 from mecheval.models.config import ModelConfig
 from mecheval.models.registry import ARCHITECTURES, get_architecture
 from mecheval.models.sites import Site, get_site, iter_sites, site_names
@@ -16,4 +16,5 @@ __all__ = [
     "get_site",
     "iter_sites",
     "site_names",
+    "state_size",
 ]

@@ -235,3 +235,11 @@ def build_model(config: ModelConfig) -> LanguageModel:
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def state_size(model: LanguageModel, seq_len: int) -> int | None:
+    """Floats one sequence carries at inference after ``seq_len`` tokens, over all blocks
+    (``Mixer.state_size``: KV cache, recurrent states, conv buffers); None if a mixer does
+    not say."""
+    sizes = [layer.mixer.state_size(seq_len) for layer in model.layers]
+    return None if any(size is None for size in sizes) else sum(sizes)

@@ -353,3 +353,54 @@ class Curves:
                     )
             lines += [*md_table(["d_model", "step", *self.measures], body), ""]
         return "\n".join(lines).rstrip() + "\n"
+
+
+# ---------------------------------------------------------------------------- scatter
+
+
+@dataclass
+class StateScatter:
+    """Zoology's accuracy against state size: one point per run (``data``: run,
+    architecture, state_size, accuracy in %), one colour per architecture, log-scaled x."""
+
+    title: str
+    data: pd.DataFrame
+    runs: pd.DataFrame
+
+    def render(self, name: str) -> FigureResult:
+        return FigureResult(name, self._markdown(name), self._figure(name), self.data)
+
+    def _figure(self, name: str) -> Figure:
+        fig = Figure(figsize=(6.0, 4.0), layout="constrained")
+        _wrapped_title(fig, f"{name}: {self.title}", 6.0)
+        ax = fig.subplots()
+        colours = matplotlib.colormaps["tab20"].colors
+        for i, (arch, points) in enumerate(self.data.groupby("architecture", sort=False)):
+            ax.scatter(
+                points["state_size"],
+                points["accuracy"],
+                label=arch,
+                color=colours[i % len(colours)],
+                s=18,
+            )
+        ax.set_xscale("log")
+        ax.set_ylim(0, 105)
+        ax.set_xlabel("state size (floats per sequence)", fontsize=8)
+        ax.set_ylabel("test accuracy (%)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6, loc="best")
+        return fig
+
+    def _markdown(self, name: str) -> str:
+        lines = [f"## {name}: {self.title}", ""]
+        lines += runs_summary(self.runs, [], "every finished run, one point each")
+        lines += [
+            "",
+            "| run | architecture | state size | test accuracy (%) |",
+            "|---|---|---:|---:|",
+        ]
+        for row in self.data.itertuples(index=False):
+            lines.append(
+                f"| {row.run} | {row.architecture} | {int(row.state_size):,} | {row.accuracy:.1f} |"
+            )
+        return "\n".join(lines) + "\n"

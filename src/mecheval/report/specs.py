@@ -18,7 +18,7 @@ import pandas as pd
 
 from mecheval.models.sites import LAST, describe_site, layer_site
 from mecheval.report.registry import figure
-from mecheval.report.render import Curves, Heatmaps, dev_test_scatter
+from mecheval.report.render import Curves, Heatmaps, StateScatter, dev_test_scatter
 from mecheval.report.select import (
     ARCH_LABEL,
     D_CONV,
@@ -46,6 +46,7 @@ from mecheval.report.tables import (
     RESTORE_SITE,
     Measure,
     _na,
+    _run_scores,
     behaviour,
     best_lr,
     corrupted,
@@ -455,3 +456,33 @@ def compositional_mqar_restore(df: pd.DataFrame) -> Heatmaps:
     token, to show where the two-token key is composed."""
     roles = ("key_first", "key_last", "value", "query_first", "query")
     return _restore(df, "compositional_mqar", "Compositional MQAR", roles)
+
+
+# ---------------------------------------------------------------------------- state size
+@figure("state-size")
+def state_size(df: pd.DataFrame) -> StateScatter:
+    """Zoology's accuracy against state size (issue #15): each finished run's final test
+    accuracy against the floats its model carries per sequence (results column state_size),
+    for any experiment."""
+    if "state_size" not in df.columns or df["state_size"].isna().all():
+        raise NoData("no run with a known state size in this results table")
+    accuracy = _run_scores(df, "test", "accuracy")
+    if accuracy.empty:
+        raise NoData("no finished run with a test accuracy in this results table")
+    info = run_info(df).set_index("run")
+    data = pd.DataFrame(
+        {
+            "run": accuracy.index,
+            "architecture": info.loc[accuracy.index, ARCH_LABEL].to_numpy(),
+            "state_size": info.loc[accuracy.index, "state_size"].to_numpy(),
+            "accuracy": 100 * accuracy.to_numpy(),
+        }
+    ).dropna(subset=["state_size"])
+    if data.empty:
+        raise NoData("no finished run with a known state size in this results table")
+    data = data.sort_values(["architecture", "state_size"], key=_arch_then_value)
+    return StateScatter("test accuracy against state size", data.reset_index(drop=True), df)
+
+
+def _arch_then_value(column: pd.Series) -> pd.Series:
+    return column.map(arch_key) if column.name == "architecture" else column

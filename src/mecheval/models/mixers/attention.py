@@ -37,6 +37,10 @@ class Attention(Mixer):
         qkv = self.qkv(x).view(b, t, 3, self.num_heads, d // self.num_heads)
         return tuple(h.transpose(1, 2) for h in qkv.unbind(2))
 
+    def recurrent_state_size(self, seq_len: int) -> int:
+        # The key-value cache: keys and values of every position so far.
+        return 2 * self.out_proj.in_features * seq_len
+
     def mix(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.heads(x)

@@ -130,6 +130,23 @@ class Mixer(nn.Module):
         )
         return self.output(y)
 
+    # ------------------------------------------------------------------------ state size
+    def recurrent_state_size(self, seq_len: int) -> int | None:
+        """Floats of the mixer's own state for one sequence after ``seq_len`` tokens (a
+        recurrence's state; attention's keys and values), short convs aside. None: unknown
+        (the default, e.g. a plugin that does not say)."""
+        return None
+
+    def state_size(self, seq_len: int) -> int | None:
+        """Floats one sequence carries through this mixer at inference after ``seq_len``
+        tokens (zoology's state size): :meth:`recurrent_state_size` plus the last k - 1
+        inputs of every short conv of k taps (the switch's included). None if unknown."""
+        own = self.recurrent_state_size(seq_len)
+        if own is None:
+            return None
+        convs = (m for m in self.modules() if isinstance(m, ShortConv))
+        return own + sum((conv.kernel_size - 1) * conv.weight.shape[0] for conv in convs)
+
     def max_length(self) -> int | None:
         """The longest sequence this mixer can take (e.g. an implicit filter's l_max); None
         for any length. Checked against the task's longest document when a config resolves."""

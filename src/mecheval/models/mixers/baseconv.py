@@ -92,6 +92,11 @@ class BaseConv(Mixer):
         # reads the whole history.
         return self.conv.kernel_size - 1 if isinstance(self.conv, ShortConv) else None
 
+    def recurrent_state_size(self, seq_len: int) -> int:
+        # A short conv carries its buffer (counted by Mixer.state_size); a long convolution
+        # reads the whole history of its input.
+        return 0 if isinstance(self.conv, ShortConv) else self.projection.in_features * seq_len
+
     def mix(self, u: torch.Tensor) -> torch.Tensor:
         u_conv = self.conv(u)
         u_proj = self.projection(u)

@@ -125,6 +125,11 @@ class BasedLinearAttention(Mixer):
         v = self.proj_v(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         return taylor_exp(q), taylor_exp(k), v
 
+    def recurrent_state_size(self, seq_len: int) -> int:
+        # S [features, head_dim] and the normaliser z [features] per head.
+        features = 1 + self.feature_dim + self.feature_dim**2
+        return self.num_heads * features * (self.head_dim + 1)
+
     def mix(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         y = linear_attention_quadratic(*self.featurise(x))

@@ -182,6 +182,9 @@ class DeltaNet(Mixer):
         b, _, t, _ = o.shape
         return self.o_proj(o.transpose(1, 2).reshape(b, t, -1))
 
+    def recurrent_state_size(self, seq_len: int) -> int:
+        return self.num_heads * self.head_dim * self.head_dim
+
     def mix(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v, beta = self.qkv_beta(x)
         return self.finish(delta_rule_chunked(q, k, v, beta, self.options.chunk_size))

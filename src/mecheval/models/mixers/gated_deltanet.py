@@ -216,6 +216,9 @@ class GatedDeltaNet(Mixer):
             gate = self.g_proj(x).view(b, t, self.num_heads, self.head_v_dim)
         return self.o_proj(self.o_norm(o, gate).reshape(b, t, -1))
 
+    def recurrent_state_size(self, seq_len: int) -> int:
+        return self.num_heads * self.head_k_dim * self.head_v_dim
+
     def mix(self, x: torch.Tensor) -> torch.Tensor:
         o = gated_delta_rule_chunked(*self.rule_inputs(x), self.options.chunk_size)
         return self.finish(o, x)

@@ -192,6 +192,9 @@ class GLA(Mixer):
         o = self.g_norm_swish_gate(o.transpose(1, 2)) * F.silu(gate)
         return self.o_proj(o.reshape(b, t, self.value_dim))
 
+    def recurrent_state_size(self, seq_len: int) -> int:
+        return self.num_heads * self.head_k_dim * self.head_v_dim
+
     def mix(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v, g = self.qkvg(x)
         return self.finish(gla_chunked(q, k, v, g, self.options.chunk_size), x)

@@ -230,6 +230,13 @@ class H3(Mixer):
         self.ssm.reset_parameters()
         nn.init.normal_(self.D)
 
+    def recurrent_state_size(self, seq_len: int) -> int:
+        # Both SSMs as recurrences: the shift SSM's d_state-slot register per channel, and the
+        # diagonal SSM's d_state / 2 complex modes (d_state floats) per channel of each head's
+        # head_dim x head_dim outer product.
+        d_state = self.conv.d_state
+        return self.conv.D.shape[0] * d_state + self.n_heads * self.head_dim**2 * d_state
+
     def mix(self, u: torch.Tensor) -> torch.Tensor:
         b, t, d = u.shape
         h, p = self.n_heads, self.head_dim

@@ -263,6 +263,9 @@ class Hawk(Mixer):
         log_a, drive = self.rg_lru.scan_inputs(self.conv(self.linear_x(x)))
         return y, log_a, drive
 
+    def recurrent_state_size(self, seq_len: int) -> int:
+        return self.lru_width
+
     def mix(self, x: torch.Tensor) -> torch.Tensor:
         y, log_a, drive = self.branches(x)
         h = rglru_scan_chunked(log_a, drive, self.options.chunk_size)

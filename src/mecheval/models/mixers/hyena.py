@@ -86,6 +86,10 @@ class Hyena(Mixer):
     def max_length(self) -> int:
         return self.long_conv.filter.l_max
 
+    def recurrent_state_size(self, seq_len: int) -> int:
+        # The implicit long convolution reads the whole history of its input (x1 * v).
+        return self.d_model * seq_len
+
     def mix(self, u: torch.Tensor) -> torch.Tensor:
         x1, x2, v = self.conv(self.in_proj(u)).split(self.d_model, dim=-1)
         return self.out_proj(x2 * self.long_conv(x1 * v))

@@ -249,6 +249,9 @@ class Mamba(Mixer):
     def A(self) -> torch.Tensor:
         return -torch.exp(self.A_log)
 
+    def recurrent_state_size(self, seq_len: int) -> int:
+        return self.d_inner * self.d_state
+
     def mix(self, x: torch.Tensor) -> torch.Tensor:
         xs, delta, b, c, z = self.ssm_inputs(x)
         y = selective_scan(xs, delta, self.A(), b, c, self.D)

@@ -289,6 +289,9 @@ class Mamba2(Mixer):
         """SSD output [batch, T, H, P] and gate z -> mixer output [batch, T, d]."""
         return self.out_proj(self.norm(y.flatten(2), z))
 
+    def recurrent_state_size(self, seq_len: int) -> int:
+        return self.nheads * self.headdim * self.d_state
+
     def mix(self, u: torch.Tensor) -> torch.Tensor:
         x, delta, b, c, z = self.ssd_inputs(u)
         y = ssd_chunked(x, delta, self.A(), b, c, self.D, self.options.chunk_size)

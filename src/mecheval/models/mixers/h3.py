@@ -76,6 +76,10 @@ class H3Options(BaseModel):
         return v
 
 
+#: Kernel lengths up to which ShiftSSM.kernel sums each lag directly rather than by FFT.
+DIRECT_LAGS = 48
+
+
 class ShiftSSM(nn.Module):
     """Per-channel shift SSM ``[B, T, C] -> [B, T, C]`` (see module docstring)."""
 
@@ -98,11 +102,22 @@ class ShiftSSM(nn.Module):
         nn.init.normal_(self.D)
 
     def kernel(self, length: int) -> torch.Tensor:
-        """K[c, j] = sum_m B[c, m] C[c, m + j], j < min(N, length): ``[C, min(N, length)]``."""
+        """K[c, j] = sum_m B[c, m] C[c, m + j], j < min(N, length): ``[C, min(N, length)]``.
+
+        Up to :data:`DIRECT_LAGS` lags each is one product-sum over the N slots (L of them,
+        forward and backward, cost ~L N per channel); beyond, a correlation by FFT of size
+        2N, whose cost does not shrink with L (at the quick presets' T ~ 11-24 it was a tenth
+        of H3's training step)."""
+        lags = min(self.d_state, length)
+        if lags <= DIRECT_LAGS:
+            n = self.d_state
+            return torch.stack(
+                [(self.B[:, : n - j] * self.C[:, j:]).sum(-1) for j in range(lags)], 1
+            )
         n = 2 * self.d_state  # no wrap-around: m + j < 2N
         b_f = torch.fft.rfft(self.B, n=n)
         c_f = torch.fft.rfft(self.C, n=n)
-        return torch.fft.irfft(b_f.conj() * c_f, n=n)[:, : min(self.d_state, length)]
+        return torch.fft.irfft(b_f.conj() * c_f, n=n)[:, :lags]
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         k = self.kernel(min(u.shape[1], self.l_max))
@@ -162,14 +177,34 @@ class DiagSSMKernel(nn.Module):
             return self._kernel(length)
 
     def _kernel(self, length: int) -> torch.Tensor:
-        da, db, c = self.discretize()
-        cb = c * db
-        # log dA = log|dA| + i arg(dA), [H, N/2], from real functions: the complex log (and its
-        # backward) cost more than the whole Vandermonde product at T ~ 10 on the CPU.
-        da_re, da_im = da.real, da.imag
-        log_abs = 0.5 * torch.log(da_re * da_re + da_im * da_im)
-        arg = torch.atan2(da_im, da_re)
-        return vandermonde(cb.real, cb.imag, log_abs, arg, length)
+        # :meth:`discretize` written out in real arithmetic, straight to what the Vandermonde
+        # product takes: C dB (real, imaginary) and log dA = log|dA| + i arg(dA). Complex
+        # autograd ops (division, the complex log) on these [H, N/2] tensors cost more than
+        # the product itself at T ~ 10-35 on the CPU. dt A = x + i y.
+        dt = torch.exp(self.log_dt).unsqueeze(-1)
+        a_re, a_im = -torch.exp(self.inv_A_real), self.A_imag
+        x, y = a_re * dt, a_im * dt
+        b_re, b_im = self.B.unbind(-1)
+        c_re, c_im = self.C.unbind(-1)
+        if self.discretization == "zoh":
+            # dA = e^x (cos y + i sin y); dB = B (dA - 1) / A.
+            log_abs, arg = x, y
+            ex = torch.exp(x)
+            f_re, f_im = ex * torch.cos(y) - 1.0, ex * torch.sin(y)  # dA - 1
+            a_norm = a_re * a_re + a_im * a_im
+            g_re = (f_re * a_re + f_im * a_im) / a_norm  # (dA - 1) / A
+            g_im = (f_im * a_re - f_re * a_im) / a_norm
+        else:
+            # dA = (1 + dtA/2) / (1 - dtA/2) = (1 - |dtA|^2/4 + i y) / den,
+            # dB = B dt / (1 - dtA/2) = B dt ((1 - x/2) + i y/2) / den, den = |1 - dtA/2|^2.
+            half_x, half_y = x / 2, y / 2
+            den = (1 - half_x) ** 2 + half_y**2
+            log_abs = 0.5 * (torch.log((1 + half_x) ** 2 + half_y**2) - torch.log(den))
+            arg = torch.atan2(y, 1 - half_x**2 - half_y**2)
+            g_re, g_im = dt * (1 - half_x) / den, dt * half_y / den
+        db_re, db_im = b_re * g_re - b_im * g_im, b_re * g_im + b_im * g_re
+        cb_re, cb_im = c_re * db_re - c_im * db_im, c_re * db_im + c_im * db_re
+        return vandermonde(cb_re, cb_im, log_abs, arg, length)
 
 
 def vandermonde(

@@ -20,7 +20,7 @@ def intervene_command(
         typer.Option(
             "--sites",
             help="sites to patch (repeatable); default all module sites. A recurrent "
-            "mixer's state is the site layers.{i}.mixer.state (Mamba, DeltaNet)",
+            "mixer's state is the site layers.{i}.mixer.state (docs/architecture.md)",
         ),
     ] = None,
     roles: Annotated[

@@ -63,25 +63,38 @@ class GatedDeltaNetOptions(BaseModel):
 
 
 def gated_delta_rule_recurrent(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor
-) -> torch.Tensor:
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor,
+    initial: torch.Tensor | None = None,
+    keep: bool = False,
+    replace_first: bool = False,
+):
     """The gated delta rule one step at a time (the specification, not for speed).
 
     q, k: [B, H, T, d_k]; v: [B, H, T, d_v]; beta, g: [B, H, T] (g the log-decay, ≤ 0)
     -> o: [B, H, T, d_v]. q and k are used as given (normalisation and scaling are the
-    caller's).
+    caller's). ``initial`` [B, H, d_v, d_k]: the state before the first step, or with
+    ``replace_first`` after it (its update skipped); with ``keep`` also every state after each
+    step, [B, T, H, d_v, d_k] (resuming from a prefix: ``Mixer.prefix_states``).
     """
     b, h, length, d_k = k.shape
-    state = k.new_zeros(b, h, v.shape[-1], d_k)  # S maps keys to values: S k ≈ v
-    outs = []
+    # S maps keys to values: S k ≈ v
+    state = k.new_zeros(b, h, v.shape[-1], d_k) if initial is None else initial
+    outs, states = [], []
     for t in range(length):
         k_t, v_t, q_t = k[:, :, t], v[:, :, t], q[:, :, t]
-        state = torch.exp(g[:, :, t])[..., None, None] * state
-        predicted = (state @ k_t[..., None])[..., 0]
-        error = beta[:, :, t, None] * (v_t - predicted)
-        state = state + error[..., :, None] * k_t[..., None, :]
+        if t or not replace_first:
+            state = torch.exp(g[:, :, t])[..., None, None] * state
+            predicted = (state @ k_t[..., None])[..., 0]
+            error = beta[:, :, t, None] * (v_t - predicted)
+            state = state + error[..., :, None] * k_t[..., None, :]
         outs.append((state @ q_t[..., None])[..., 0])
-    return torch.stack(outs, dim=2)
+        states.append(state)
+    o = torch.stack(outs, dim=2)
+    return (o, torch.stack(states, dim=1)) if keep else o
 
 
 def gated_delta_rule_chunked(
@@ -226,3 +239,23 @@ class GatedDeltaNet(Mixer):
     def mix_recurrent(self, x: torch.Tensor) -> torch.Tensor:
         """:meth:`mix` with the step-by-step rule (for tests and debugging)."""
         return self.finish(gated_delta_rule_recurrent(*self.rule_inputs(x)), x)
+
+    # Resuming from a prefix (Mixer.prefix_states): S after each position, by the recurrence.
+    has_recurrent_state = True
+
+    def prefix_halo(self) -> int:
+        size = self.options.conv_size
+        return 0 if size is None else size - 1
+
+    def prefix_states(self, x: torch.Tensor) -> torch.Tensor:
+        return gated_delta_rule_recurrent(*self.rule_inputs(x), keep=True)[1]
+
+    def state_at(self, states: torch.Tensor, rows: torch.Tensor, start: int) -> torch.Tensor | None:
+        return None if start == 0 else states[rows, start - 1]
+
+    def mix_from(
+        self, x: torch.Tensor, offset: int, state: torch.Tensor | None, replace: bool = False
+    ) -> torch.Tensor:
+        inputs = (t[:, :, offset:] for t in self.rule_inputs(x))
+        o = gated_delta_rule_recurrent(*inputs, initial=state, replace_first=replace)
+        return self.finish(o, x[:, offset:])

@@ -67,20 +67,33 @@ class GLAOptions(BaseModel):
 
 
 def gla_recurrent(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
-) -> torch.Tensor:
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    initial: torch.Tensor | None = None,
+    keep: bool = False,
+    replace_first: bool = False,
+):
     """The GLA recurrence one step at a time (fla's ``naive_recurrent_gla``, without its scale).
 
     q, k, g: [B, H, T, d_k] (g: log-gates, <= 0); v: [B, H, T, d_v] -> o: [B, H, T, d_v].
     S_t = diag(exp(g_t)) S_{t-1} + k_t v_tᵀ and o_t = q_tᵀ S_t; q is used as given.
+    ``initial`` [B, H, d_k, d_v]: the state before the first step, or with ``replace_first``
+    after it (its update skipped); with ``keep`` also every state after each step,
+    [B, T, H, d_k, d_v] (resuming from a prefix: ``Mixer.prefix_states``).
     """
     b, h, length, d_k = k.shape
-    state = k.new_zeros(b, h, d_k, v.shape[-1])
-    outs = []
+    state = k.new_zeros(b, h, d_k, v.shape[-1]) if initial is None else initial
+    outs, states = [], []
     for t in range(length):
-        state = torch.exp(g[:, :, t, :, None]) * state + k[:, :, t, :, None] * v[:, :, t, None]
+        if t or not replace_first:
+            decayed = torch.exp(g[:, :, t, :, None]) * state
+            state = decayed + k[:, :, t, :, None] * v[:, :, t, None]
         outs.append((q[:, :, t, :, None] * state).sum(-2))
-    return torch.stack(outs, dim=2)
+        states.append(state)
+    o = torch.stack(outs, dim=2)
+    return (o, torch.stack(states, dim=1)) if keep else o
 
 
 def gla_chunked(
@@ -203,3 +216,22 @@ class GLA(Mixer):
         """:meth:`mix` with the step-by-step recurrence (for tests and debugging)."""
         q, k, v, g = self.qkvg(x)
         return self.finish(gla_recurrent(q, k, v, g), x)
+
+    # Resuming from a prefix (Mixer.prefix_states): S after each position, by the recurrence.
+    has_recurrent_state = True
+
+    def prefix_halo(self) -> int:
+        return self.options.conv_size - 1 if self.has_conv else 0
+
+    def prefix_states(self, x: torch.Tensor) -> torch.Tensor:
+        return gla_recurrent(*self.qkvg(x), keep=True)[1]
+
+    def state_at(self, states: torch.Tensor, rows: torch.Tensor, start: int) -> torch.Tensor | None:
+        return None if start == 0 else states[rows, start - 1]
+
+    def mix_from(
+        self, x: torch.Tensor, offset: int, state: torch.Tensor | None, replace: bool = False
+    ) -> torch.Tensor:
+        q, k, v, g = (t[:, :, offset:] for t in self.qkvg(x))
+        o = gla_recurrent(q, k, v, g, initial=state, replace_first=replace)
+        return self.finish(o, x[:, offset:])

@@ -101,26 +101,35 @@ def ssd_recurrent(
     B: torch.Tensor,
     C: torch.Tensor,
     D: torch.Tensor,
-) -> torch.Tensor:
+    initial: torch.Tensor | None = None,
+    keep: bool = False,
+    replace_first: bool = False,
+):
     """The SSD recurrence one step at a time (the specification, not for speed).
 
     x: [batch, T, H, P]; dt: [batch, T, H] (already softplus-ed); A, D: [H];
     B, C: [batch, T, G, N] with H a multiple of G (head h reads group h // (H / G))
     -> y: [batch, T, H, P], where per head
     h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_tᵀ,  y_t = h_t C_t + D x_t.
+    ``initial`` [batch, H, P, N]: the state before the first step, or with ``replace_first``
+    after it (its update skipped); with ``keep`` also every state after each step,
+    [batch, T, H, P, N] (resuming from a prefix: ``Mixer.prefix_states``).
     """
     batch, length, heads, p = x.shape
     per_group = heads // B.shape[2]
     B = B.repeat_interleave(per_group, dim=2)  # [batch, T, H, N]
     C = C.repeat_interleave(per_group, dim=2)
-    state = x.new_zeros(batch, heads, p, B.shape[-1])
-    ys = []
+    state = x.new_zeros(batch, heads, p, B.shape[-1]) if initial is None else initial
+    ys, states = [], []
     for t in range(length):
-        decay = torch.exp(dt[:, t] * A)[..., None, None]
-        drive = (dt[:, t, :, None] * x[:, t])[..., None] * B[:, t, :, None, :]
-        state = decay * state + drive
+        if t or not replace_first:
+            decay = torch.exp(dt[:, t] * A)[..., None, None]
+            drive = (dt[:, t, :, None] * x[:, t])[..., None] * B[:, t, :, None, :]
+            state = decay * state + drive
         ys.append((state * C[:, t, :, None, :]).sum(-1) + D[:, None] * x[:, t])
-    return torch.stack(ys, dim=1)
+        states.append(state)
+    y = torch.stack(ys, dim=1)
+    return (y, torch.stack(states, dim=1)) if keep else y
 
 
 def ssd_chunked(
@@ -301,3 +310,23 @@ class Mamba2(Mixer):
         """:meth:`mix` with the step-by-step recurrence (for tests and debugging)."""
         x, delta, b, c, z = self.ssd_inputs(u)
         return self.finish(ssd_recurrent(x, delta, self.A(), b, c, self.D), z)
+
+    # Resuming from a prefix (Mixer.prefix_states): h after each position, by the recurrence.
+    has_recurrent_state = True
+
+    def prefix_halo(self) -> int:
+        return self.options.d_conv - 1 if self.has_conv else 0
+
+    def prefix_states(self, u: torch.Tensor) -> torch.Tensor:
+        x, delta, b, c, _ = self.ssd_inputs(u)
+        return ssd_recurrent(x, delta, self.A(), b, c, self.D, keep=True)[1]
+
+    def state_at(self, states: torch.Tensor, rows: torch.Tensor, start: int) -> torch.Tensor | None:
+        return None if start == 0 else states[rows, start - 1]
+
+    def mix_from(
+        self, u: torch.Tensor, offset: int, state: torch.Tensor | None, replace: bool = False
+    ) -> torch.Tensor:
+        x, delta, b, c, z = (t[:, offset:] for t in self.ssd_inputs(u))
+        y = ssd_recurrent(x, delta, self.A(), b, c, self.D, initial=state, replace_first=replace)
+        return self.finish(y, z)

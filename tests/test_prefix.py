@@ -109,3 +109,30 @@ def test_the_engine_gives_the_same_numbers_with_and_without_resuming(arch: str) 
         rtol=0.0,
         atol=1e-6,
     )
+
+
+@pytest.mark.parametrize("arch", ["attention", "mamba", "deltanet"])
+def test_over_the_state_budget_a_block_recomputes_its_window(arch: str, monkeypatch) -> None:
+    """A block whose prefix states would exceed the budget is not resumed (its mixer
+    recomputes the whole window, not its resumed form from no state): same numbers."""
+    from mecheval.interventions import interchange, prefix
+    from mecheval.tasks import ARConfig, build_datasets, corrupt, vocab_size
+
+    task = ARConfig(kind="ar", n_keys=8, n_values=8, n_pairs=3, n_train=0, n_dev=12, n_test=0)
+    original = build_datasets(task)["dev"].batch(torch.arange(12))
+    corrupted = corrupt(original, task, seed=3)
+    torch.manual_seed(0)
+    model = build_model(
+        ModelConfig(architecture=arch, d_model=16, vocab_size=vocab_size(task), max_len=16)
+    ).eval()
+    whole = interchange(model, original, corrupted, resume=False)
+    monkeypatch.setattr(prefix, "STATE_BUDGET_BYTES", 0)
+    cache = prefix.prefix_cache(model, [torch.zeros(12, 9, 16)] * 2)
+    assert cache.halos == [None, None] and cache.states == [None, None]
+    capped = interchange(model, original, corrupted)
+    torch.testing.assert_close(
+        torch.tensor(capped.per_example.restored.to_numpy()),
+        torch.tensor(whole.per_example.restored.to_numpy()),
+        rtol=0.0,
+        atol=1e-6,
+    )

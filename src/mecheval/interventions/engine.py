@@ -150,7 +150,7 @@ def _from_patch(
     [R, T, d], equal to the corrupted run's before each row's ``patched`` position: rows
     sharing a start run together from it (:func:`run_from`). A patch after the query cannot
     reach it, so such a row starts at its query."""
-    starts = _starts(model, first, patched, at)
+    starts = _starts(prefix, first, patched, at)
     logits = None
     for start in starts.unique().tolist():
         group = (starts == start).nonzero()[:, 0]
@@ -162,14 +162,14 @@ def _from_patch(
 
 
 def _starts(
-    model: LanguageModel, first: int, patched: torch.Tensor, at: torch.Tensor
+    prefix: PrefixCache, first: int, patched: torch.Tensor, at: torch.Tensor
 ) -> torch.Tensor:
     """Where each row resumes: its patch position, or its query if the patch lies after it
     (a later position cannot reach the query). Any earlier start is exact too: where no
     block from ``first`` on keeps a prefix state, every row starts at the earliest, so that
     the rows run as one batch instead of one batch per position."""
     starts = torch.minimum(patched, at)
-    if all(layer.mixer.halo() is None for layer in model.layers[first:]):
+    if all(halo is None for halo in prefix.halos[first:]):
         starts = torch.full_like(starts, int(starts.min()))
     return starts
 
@@ -190,9 +190,9 @@ def _resume_inside(
     site, positions, values = patched
     length = prefix.inputs[first].shape[1]
     block = model.layers[first]
-    halo = block.mixer.halo()
+    halo = prefix.halos[first]
     last = first == len(model.layers) - 1
-    starts = _starts(model, first, positions, at)
+    starts = _starts(prefix, first, positions, at)
     logits = None
     for start in starts.unique().tolist():
         group = (starts == start).nonzero()[:, 0]
@@ -205,6 +205,7 @@ def _resume_inside(
                 start - lo,
                 state,
                 at=at_ if last and tail else None,
+                whole=halo is None,
             )
         if not last:
             out = run_from(model, prefix, first + 1, docs_, start, x, at[group])
@@ -377,7 +378,10 @@ def _restore_states(
     at = corrupted.query[doc_of_row]
     scores = s_corr[:, doc_of_row].clone()
     # Equal states (every position before the key) and states after the query change nothing.
-    corrupted_states = _index(prefix.states[layer], doc_of_row, dst_pos)
+    own_states = prefix.states[layer]
+    if own_states is None:  # over the resuming budget; the state site needs them all the same
+        own_states = mixer.states_of(block.mixer_norm(prefix.inputs[layer]))
+    corrupted_states = _index(own_states, doc_of_row, dst_pos)
     pairs = zip(_parts(values), _parts(corrupted_states), strict=True)
     same = torch.stack([(a == b).flatten(1).all(1) for a, b in pairs]).all(0)
     todo = (~same & (dst_pos <= at)).nonzero()[:, 0]

@@ -86,14 +86,16 @@ class Block(nn.Module):
         state: Any,
         at: torch.Tensor | None = None,
         replace: bool = False,
+        whole: bool = False,
     ) -> torch.Tensor:
         """:meth:`forward` at positions ``offset``.. of the window ``x`` [R, W, d] of the
         residual stream, given the mixer's state carried into ``offset`` (see
         :meth:`Mixer.forward_from`) -> [R, W - offset, d]; ``at`` as in :meth:`forward`,
-        counted from ``offset``; ``replace`` as in :meth:`Mixer.mix_from`. Each site sees the
-        suffix of positions it computes (see :meth:`Mixer.forward_from`)."""
+        counted from ``offset``; ``replace`` and ``whole`` as in :meth:`Mixer.forward_from`.
+        Each site sees the suffix of positions it computes."""
         x = self.input(x)
-        x = x[:, offset:] + self.mixer.forward_from(self.mixer_norm(x), offset, state, replace)
+        mixed = self.mixer.forward_from(self.mixer_norm(x), offset, state, replace, whole)
+        x = x[:, offset:] + mixed
         if at is not None:
             x = x[torch.arange(x.shape[0], device=x.device), at][:, None]
         if self.mlp is not None:

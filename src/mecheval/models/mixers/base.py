@@ -114,20 +114,27 @@ class Mixer(nn.Module):
         return self.prefix_states(x if self.short_conv is None else self.short_conv(x))
 
     def forward_from(
-        self, x: torch.Tensor, offset: int, state: Any, replace: bool = False
+        self,
+        x: torch.Tensor,
+        offset: int,
+        state: Any,
+        replace: bool = False,
+        whole: bool = False,
     ) -> torch.Tensor:
         """:meth:`forward` at window positions ``offset``.. (see :meth:`mix_from`). Every
         site sees the positions it computes, a suffix of the document (the ``input`` site the
-        window, ``output`` positions ``offset``..): ``patch(..., length=)`` reads them so."""
+        window, ``output`` positions ``offset``..): ``patch(..., length=)`` reads them so.
+        ``whole``: the window starts at position 0 and is recomputed, as the defaults do,
+        whatever the mixer's own resuming (the engine does so where it keeps no states)."""
         x = self.input(x)
         if self.short_conv is not None:
             x = self.short_conv(x)
-        # Passed only when set: a mixer without a state site need not take the argument.
-        y = (
-            self.mix_from(x, offset, state, replace=True)
-            if replace
-            else self.mix_from(x, offset, state)
-        )
+        if whole:
+            y = Mixer.mix_from(self, x, offset, None)
+        elif replace:
+            y = self.mix_from(x, offset, state, replace=True)
+        else:  # a mixer without a state site need not take `replace`
+            y = self.mix_from(x, offset, state)
         return self.output(y)
 
     # ------------------------------------------------------------------------ state size

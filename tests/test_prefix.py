@@ -86,11 +86,8 @@ def test_running_from_any_block_and_position_gives_the_full_logits(case) -> None
                 torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("arch", ["attention", "mamba", "deltanet", "hyena"])
-def test_the_engine_gives_the_same_numbers_with_and_without_resuming(arch: str) -> None:
-    """Resuming changes which positions are computed, not the numbers: against the engine
-    that recomputes whole sequences, to the issue's 1e-6 (float32 models)."""
-    from mecheval.interventions import interchange
+def ar_case(arch: str):
+    """A float32 model of ``arch`` and 12 AR documents with their key-corrupted twins."""
     from mecheval.tasks import ARConfig, build_datasets, corrupt, vocab_size
 
     task = ARConfig(kind="ar", n_keys=8, n_values=8, n_pairs=3, n_train=0, n_dev=12, n_test=0)
@@ -100,6 +97,16 @@ def test_the_engine_gives_the_same_numbers_with_and_without_resuming(arch: str) 
     model = build_model(
         ModelConfig(architecture=arch, d_model=16, vocab_size=vocab_size(task), max_len=16)
     ).eval()
+    return model, original, corrupted
+
+
+@pytest.mark.parametrize("arch", ["attention", "mamba", "deltanet", "hyena"])
+def test_the_engine_gives_the_same_numbers_with_and_without_resuming(arch: str) -> None:
+    """Resuming changes which positions are computed, not the numbers: against the engine
+    that recomputes whole sequences, to the issue's 1e-6 (float32 models)."""
+    from mecheval.interventions import interchange
+
+    model, original, corrupted = ar_case(arch)
     resumed = interchange(model, original, corrupted)
     whole = interchange(model, original, corrupted, resume=False)
     assert len(resumed.per_example) == len(whole.per_example) > 0
@@ -116,15 +123,8 @@ def test_over_the_state_budget_a_block_recomputes_its_window(arch: str, monkeypa
     """A block whose prefix states would exceed the budget is not resumed (its mixer
     recomputes the whole window, not its resumed form from no state): same numbers."""
     from mecheval.interventions import interchange, prefix
-    from mecheval.tasks import ARConfig, build_datasets, corrupt, vocab_size
 
-    task = ARConfig(kind="ar", n_keys=8, n_values=8, n_pairs=3, n_train=0, n_dev=12, n_test=0)
-    original = build_datasets(task)["dev"].batch(torch.arange(12))
-    corrupted = corrupt(original, task, seed=3)
-    torch.manual_seed(0)
-    model = build_model(
-        ModelConfig(architecture=arch, d_model=16, vocab_size=vocab_size(task), max_len=16)
-    ).eval()
+    model, original, corrupted = ar_case(arch)
     whole = interchange(model, original, corrupted, resume=False)
     monkeypatch.setattr(prefix, "STATE_BUDGET_BYTES", 0)
     cache = prefix.prefix_cache(model, [torch.zeros(12, 9, 16)] * 2)

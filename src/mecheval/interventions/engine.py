@@ -49,6 +49,7 @@ import torch
 from mecheval.interventions.patch import patch, record
 from mecheval.interventions.prefix import PrefixCache, prefix_cache, run_from
 from mecheval.models.backbone import LanguageModel
+from mecheval.models.mixers.base import index_states
 from mecheval.models.sites import (
     FINAL_NORM_INPUT,
     layer_site,
@@ -374,14 +375,14 @@ def _restore_states(
     block = model.layers[layer]
     mixer = block.mixer
     source_states = mixer.states_of(block.mixer_norm(source[layer_site(layer, "input")]))
-    values = _index(source_states, doc_of_row, src_pos)
+    values = index_states(source_states, doc_of_row, src_pos)
     at = corrupted.query[doc_of_row]
     scores = s_corr[:, doc_of_row].clone()
     # Equal states (every position before the key) and states after the query change nothing.
     own_states = prefix.states[layer]
     if own_states is None:  # over the resuming budget; the state site needs them all the same
         own_states = mixer.states_of(block.mixer_norm(prefix.inputs[layer]))
-    corrupted_states = _index(own_states, doc_of_row, dst_pos)
+    corrupted_states = index_states(own_states, doc_of_row, dst_pos)
     pairs = zip(_parts(values), _parts(corrupted_states), strict=True)
     same = torch.stack([(a == b).flatten(1).all(1) for a, b in pairs]).all(0)
     todo = (~same & (dst_pos <= at)).nonzero()[:, 0]
@@ -394,7 +395,7 @@ def _restore_states(
             docs_ = doc_of_row[rows_]
             lo = max(0, start - halo)
             window = prefix.inputs[layer][docs_, lo:]
-            x = block.forward_from(window, start - lo, _index(values, rows_), replace=True)
+            x = block.forward_from(window, start - lo, index_states(values, rows_), replace=True)
             logits = run_from(model, prefix, layer + 1, docs_, start, x, at[rows_])
             scores[:, rows_] = _scores(
                 logits, answer[docs_], None if candidates is None else candidates[docs_]
@@ -404,14 +405,6 @@ def _restore_states(
 
 def _parts(states: torch.Tensor | tuple) -> tuple[torch.Tensor, ...]:
     return states if isinstance(states, tuple) else (states,)
-
-
-def _index(states: torch.Tensor | tuple, *index: torch.Tensor) -> torch.Tensor | tuple:
-    """``states[index]`` of a recurrent state: one tensor or a tuple of them (Based's S, z),
-    each [B, T, ...] from ``Mixer.prefix_states``."""
-    if isinstance(states, tuple):
-        return tuple(part[index] for part in states)
-    return states[index]
 
 
 def _check_state_sites(model: LanguageModel, sites: Sequence[str]) -> None:

@@ -83,8 +83,12 @@ class Mixer(nn.Module):
         return None
 
     def state_at(self, states: Any, rows: torch.Tensor, start: int) -> Any:
-        """The state carried into position ``start`` of documents ``rows`` (None at 0)."""
-        return None
+        """The state carried into position ``start`` of documents ``rows`` (None at 0, or
+        where the mixer keeps none). The default reads states kept as a recurrent state is
+        (``has_recurrent_state``): the state after every position, [B, T, ...] or a tuple."""
+        if states is None or start == 0:
+            return None
+        return index_states(states, rows, start - 1)
 
     def mix_from(
         self, x: torch.Tensor, offset: int, state: Any, replace: bool = False
@@ -207,3 +211,11 @@ def optional_conv(channels: int, kernel_size: int | None, bias: bool = True) -> 
     """A :class:`ShortConv`, or where ``kernel_size`` is None (the short-conv switch set to
     'none') the identity, which has no site."""
     return nn.Identity() if kernel_size is None else ShortConv(channels, kernel_size, bias)
+
+
+def index_states(states: Any, *index: torch.Tensor | int) -> Any:
+    """``states[index]`` of a recurrent state kept per position: one tensor [B, T, ...] or a
+    tuple of them (Based's S and z)."""
+    if isinstance(states, tuple):
+        return tuple(part[index] for part in states)
+    return states[index]

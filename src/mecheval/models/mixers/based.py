@@ -144,11 +144,6 @@ class BasedLinearAttention(Mixer):
     def prefix_states(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return linear_attention_recurrent(*self.featurise(x), keep=True)[1]
 
-    def state_at(
-        self, states: tuple[torch.Tensor, torch.Tensor], rows: torch.Tensor, start: int
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        return None if start == 0 else (states[0][rows, start - 1], states[1][rows, start - 1])
-
     def mix_from(
         self,
         x: torch.Tensor,

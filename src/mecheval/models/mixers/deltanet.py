@@ -197,9 +197,6 @@ class DeltaNet(Mixer):
     def prefix_states(self, x: torch.Tensor) -> torch.Tensor:
         return delta_rule_recurrent(*self.qkv_beta(x), keep=True)[1]
 
-    def state_at(self, states: torch.Tensor, rows: torch.Tensor, start: int) -> torch.Tensor | None:
-        return None if start == 0 else states[rows, start - 1]
-
     def mix_from(
         self, x: torch.Tensor, offset: int, state: torch.Tensor | None, replace: bool = False
     ) -> torch.Tensor:

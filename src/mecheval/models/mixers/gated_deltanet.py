@@ -250,9 +250,6 @@ class GatedDeltaNet(Mixer):
     def prefix_states(self, x: torch.Tensor) -> torch.Tensor:
         return gated_delta_rule_recurrent(*self.rule_inputs(x), keep=True)[1]
 
-    def state_at(self, states: torch.Tensor, rows: torch.Tensor, start: int) -> torch.Tensor | None:
-        return None if start == 0 else states[rows, start - 1]
-
     def mix_from(
         self, x: torch.Tensor, offset: int, state: torch.Tensor | None, replace: bool = False
     ) -> torch.Tensor:

@@ -226,9 +226,6 @@ class GLA(Mixer):
     def prefix_states(self, x: torch.Tensor) -> torch.Tensor:
         return gla_recurrent(*self.qkvg(x), keep=True)[1]
 
-    def state_at(self, states: torch.Tensor, rows: torch.Tensor, start: int) -> torch.Tensor | None:
-        return None if start == 0 else states[rows, start - 1]
-
     def mix_from(
         self, x: torch.Tensor, offset: int, state: torch.Tensor | None, replace: bool = False
     ) -> torch.Tensor:

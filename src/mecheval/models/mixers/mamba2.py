@@ -321,9 +321,6 @@ class Mamba2(Mixer):
         x, delta, b, c, _ = self.ssd_inputs(u)
         return ssd_recurrent(x, delta, self.A(), b, c, self.D, keep=True)[1]
 
-    def state_at(self, states: torch.Tensor, rows: torch.Tensor, start: int) -> torch.Tensor | None:
-        return None if start == 0 else states[rows, start - 1]
-
     def mix_from(
         self, u: torch.Tensor, offset: int, state: torch.Tensor | None, replace: bool = False
     ) -> torch.Tensor:

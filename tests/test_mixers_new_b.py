@@ -19,6 +19,7 @@ from mecheval.models.mixers.gla import GLA, GLAOptions, gla_chunked, gla_recurre
 from mecheval.models.mixers.hawk import (
     Hawk,
     HawkOptions,
+    rglru_scan,
     rglru_scan_chunked,
     rglru_scan_recurrent,
     sqrt_bound_derivative,
@@ -242,6 +243,12 @@ def test_rglru_scan_chunked_equals_recurrent(length: int, chunk: int, seed: int)
     )
 
 
+@pytest.mark.parametrize(("length", "seed"), [(1, 0), (2, 1), (11, 7), (37, 1), (70, 3)])
+def test_rglru_scan_equals_recurrent(length: int, seed: int) -> None:
+    # the forward pass's scan (hand-written adjoint): forward and gradients
+    assert_same_function(rglru_scan, rglru_scan_recurrent, scan_inputs(seed, length), seed)
+
+
 def test_rglru_scan_equals_closed_form() -> None:
     log_a, x = scan_inputs(9, 12)
     a = torch.exp(log_a)
@@ -254,14 +261,15 @@ def test_rglru_scan_equals_closed_form() -> None:
             expected[:, t] += prod * x[:, s]
     torch.testing.assert_close(rglru_scan_recurrent(log_a, x), expected)
     torch.testing.assert_close(rglru_scan_chunked(log_a, x, 5), expected)
+    torch.testing.assert_close(rglru_scan(log_a, x), expected)
 
 
 def test_rglru_scan_survives_strong_decays_in_float32() -> None:
     log_a, x = scan_inputs(10, 50, dtype=torch.float32)
     log_a = log_a * 40  # down to ~ -500 per step
-    fast = rglru_scan_chunked(log_a, x, 16)
-    assert torch.isfinite(fast).all()
-    torch.testing.assert_close(fast, rglru_scan_recurrent(log_a, x), rtol=1e-5, atol=1e-6)
+    for fast in (rglru_scan_chunked(log_a, x, 16), rglru_scan(log_a, x)):
+        assert torch.isfinite(fast).all()
+        torch.testing.assert_close(fast, rglru_scan_recurrent(log_a, x), rtol=1e-5, atol=1e-6)
 
 
 def test_sqrt_gradient_is_clipped_as_the_reference() -> None:

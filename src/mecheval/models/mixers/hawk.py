@@ -48,9 +48,14 @@ Deliberate differences from the reference:
   without the cancellation near a = 1;
 * everything runs in the model's dtype (the reference accumulates the scan in float32).
 
-The forward pass uses :func:`rglru_scan_chunked`, a chunked scan by cumulative log-decays
-(every exponent <= 0); :func:`rglru_scan_recurrent` is the reference's ``rnn_scan``, one step
-at a time (for tests and :meth:`Hawk.mix_recurrent`).
+The forward pass uses :func:`rglru_scan`, the step loop as one autograd node with a
+hand-written adjoint recurrence (one fused multiply-add per step each way). At the paper's
+shape (d 64, B 32, T 35, one thread) it made the mixer's forward + backward ~9x faster than
+:func:`rglru_scan_chunked`, the chunked scan by segment sums of log-decays (every exponent
+<= 0), whose pairwise decays are [B, T, chunk, W] elementwise tensors with no matmul to carry
+them; that form is kept as a second, tested implementation (``chunk_size`` is its block
+length). :func:`rglru_scan_recurrent` is the reference's ``rnn_scan``, one step at a time
+(for tests and :meth:`Hawk.mix_recurrent`).
 """
 
 from __future__ import annotations
@@ -82,7 +87,9 @@ class HawkOptions(BaseModel):
     c: float = Field(8.0, gt=0.0, le=1e3, description="log a_t = -c softplus(Λ) r_t")
     min_rad: float = Field(0.9, gt=0.0, lt=1.0, description="Λ init: exp(-softplus(Λ)) >= this")
     max_rad: float = Field(0.999, gt=0.0, lt=1.0, description="... and <= this")
-    chunk_size: int = Field(16, ge=1, le=4096, description="block length of the chunked scan")
+    chunk_size: int = Field(
+        16, ge=1, le=4096, description="block length of rglru_scan_chunked (not the forward's)"
+    )
 
     @model_validator(mode="after")
     def _radii(self) -> HawkOptions:
@@ -166,6 +173,59 @@ def rglru_scan_chunked(log_a: torch.Tensor, x: torch.Tensor, chunk_size: int) ->
         outs.append(chunk)
         h = chunk[:, -1]
     return torch.cat(outs, dim=1)[:, :length]
+
+
+class _DiagonalScan(torch.autograd.Function):
+    """h_t = a_t ⊙ h_{t-1} + x_t along dim 0 from h_{-1} = 0 (a, x time-major [T, ...]);
+    returns every h_t.
+
+    One fused multiply-add per step forward, and one per step for the adjoint
+    dh_t = g_t + a_{t+1} ⊙ dh_{t+1} backward, after which grad x_t = dh_t and
+    grad a_t = dh_t ⊙ h_{t-1} are whole-tensor products. No exponent anywhere (a = exp(log a)
+    is taken by the caller, log a <= 0), so nothing can overflow. ``generate_vmap_rule`` keeps
+    it usable under torch.func (stacked training).
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        h = x[0]
+        states = [h]
+        for t in range(1, x.shape[0]):
+            h = torch.addcmul(x[t], a[t], h)
+            states.append(h)
+        return torch.stack(states)
+
+    @staticmethod
+    def setup_context(
+        ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: torch.Tensor
+    ) -> None:
+        ctx.save_for_backward(inputs[0], output)
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        a, h = ctx.saved_tensors  # type: ignore[attr-defined]
+        d = grad[-1]
+        adjoints = [d]
+        for t in range(grad.shape[0] - 1, 0, -1):
+            d = torch.addcmul(grad[t - 1], a[t], d)
+            adjoints.append(d)
+        adjoints.reverse()
+        grad_x = torch.stack(adjoints)
+        # a_0 multiplies h_{-1} = 0, so it gets no gradient.
+        grad_a = torch.cat([torch.zeros_like(h[:1]), grad_x[1:] * h[:-1]])
+        return grad_a, grad_x
+
+
+def rglru_scan(log_a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The same function as :func:`rglru_scan_recurrent`, as one autograd node with a
+    hand-written adjoint (:class:`_DiagonalScan`): the forward pass's scan. log_a, x:
+    [B, T, W] -> every h_t, [B, T, W]."""
+    a = torch.exp(log_a).transpose(0, 1)
+    return _DiagonalScan.apply(a, x.transpose(0, 1)).transpose(0, 1)
 
 
 def rg_lru_a_init(
@@ -268,7 +328,7 @@ class Hawk(Mixer):
 
     def mix(self, x: torch.Tensor) -> torch.Tensor:
         y, log_a, drive = self.branches(x)
-        h = rglru_scan_chunked(log_a, drive, self.options.chunk_size)
+        h = rglru_scan(log_a, drive)
         return self.linear_out(h * y)
 
     def mix_recurrent(self, x: torch.Tensor) -> torch.Tensor:

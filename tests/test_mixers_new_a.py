@@ -20,6 +20,7 @@ from mecheval.errors import ConfigError
 from mecheval.models import ModelConfig, build_model, site_names
 from mecheval.models.backbone import RMSNorm, count_parameters
 from mecheval.models.mixers.base import ShortConv
+from mecheval.models.mixers.decay import balanced_chunks
 from mecheval.models.mixers.gated_deltanet import (
     GatedDeltaNet,
     gated_delta_rule_chunked,
@@ -625,3 +626,21 @@ def test_mamba2_matches_transformers_mamba2mixer() -> None:
         # no CUDA kernel applies (eval mode, no cache).
         forward = getattr(theirs, "torch_forward", theirs)
         torch.testing.assert_close(ours.mix(x), forward(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("length", "chunk", "expected"),
+    [
+        (35, 64, (1, 35)),
+        (70, 64, (2, 35)),
+        (37, 16, (3, 13)),
+        (32, 16, (2, 16)),
+        (1, 16, (1, 1)),
+        (9, 1, (9, 1)),
+        (65, 64, (2, 33)),
+    ],
+)
+def test_balanced_chunks(length: int, chunk: int, expected: tuple[int, int]) -> None:
+    n, c = balanced_chunks(length, chunk)
+    assert (n, c) == expected
+    assert c <= chunk and n * c >= length > (n - 1) * c

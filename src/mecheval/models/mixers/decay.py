@@ -29,3 +29,12 @@ def segment_sums(a: torch.Tensor) -> torch.Tensor:
 def segment_sums_per_channel(x: torch.Tensor) -> torch.Tensor:
     """:func:`segment_sums` of each channel: x [..., c, K] (time on dim -2) -> [..., c, c, K]."""
     return segment_sums(x.transpose(-1, -2)).movedim(-3, -1)
+
+
+def balanced_chunks(length: int, chunk_size: int) -> tuple[int, int]:
+    """(number of chunks n, chunk length c) for ``length`` steps in chunks of at most
+    ``chunk_size``: n = ceil(length / chunk_size) chunks of equal length c = ceil(length / n),
+    so that the padding (n c - length < n steps) is as small as it can be: T = 35 with
+    chunk_size 64 is one chunk of 35, T = 70 two of 35 (not one of 64 and one padded from 6)."""
+    n = max(1, -(-length // max(1, chunk_size)))
+    return n, max(1, -(-length // n))

@@ -23,9 +23,12 @@ Defaults are mamba_ssm's (expand 2, d_conv 4, ngroups 1, A ~ U[1, 16], Δ's init
   (d_model = 64 gives 2 heads of 64, as the reference), and the largest power-of-two divisor
   below it otherwise (d_model = 16: one head of 32), so that every width builds. An explicit
   headdim that does not divide d_inner is an error naming ``model.mixer.headdim``;
-* ``chunk_size`` defaults to 16, not the kernel's 256: it only changes the arithmetic order
-  (the output is the same function of the input) and short chunks suit the CPU at the
-  paper's lengths.
+* ``chunk_size`` defaults to 64, not the kernel's 256: it only changes the arithmetic order
+  (the output is the same function of the input). It is the longest chunk: T steps are cut
+  into ceil(T / chunk_size) chunks of equal length
+  (:func:`~mecheval.models.mixers.decay.balanced_chunks`), so the paper's T = 35 is one
+  chunk, with no state passing at all (at d = 64 the SSD scan's forward + backward took
+  ~2 ms so, ~8 ms in chunks of 16), and T = 70 two chunks of 35.
 
 ``d_conv: null`` removes the conv (no ``mixer.conv.output`` site), as Mamba's "no conv"
 ablation does. ``dt_limit`` (no clamp by default in the reference), ``D_has_hdim``,
@@ -48,7 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer, ShortConv
-from mecheval.models.mixers.decay import segment_sums
+from mecheval.models.mixers.decay import balanced_chunks, segment_sums
 
 #: mamba_ssm's default head size, used wherever it divides d_inner
 REFERENCE_HEADDIM = 64
@@ -75,7 +78,9 @@ class Mamba2Options(BaseModel):
     dt_max: float = Field(1e-1, gt=0.0)
     dt_init_floor: float = Field(1e-4, gt=0.0)
     norm_eps: float = Field(1e-5, gt=0.0, description="eps of the gated RMSNorm")
-    chunk_size: int = Field(16, ge=1, description="block length of the chunked SSD form")
+    chunk_size: int = Field(
+        64, ge=1, description="longest block of the chunked SSD form (blocks are balanced)"
+    )
 
     @field_validator("A_init_range")
     @classmethod
@@ -141,7 +146,8 @@ def ssd_chunked(
     D: torch.Tensor,
     chunk_size: int,
 ) -> torch.Tensor:
-    """The same function as :func:`ssd_recurrent`, in chunks of ``chunk_size`` steps.
+    """The same function as :func:`ssd_recurrent`, in chunks of at most ``chunk_size`` steps
+    (:func:`~mecheval.models.mixers.decay.balanced_chunks`).
 
     With a_t = dt_t A (≤ 0), Λ_t its running sum inside a chunk and S[l, s] = a_{s+1} + ... +
     a_l (:func:`segment_sums`), the output splits into
@@ -156,8 +162,7 @@ def ssd_chunked(
     batch, length, heads, p = x.shape
     groups, n_state = B.shape[2], B.shape[3]
     per_group = heads // groups
-    c = chunk_size
-    n = -(-length // c)
+    n, c = balanced_chunks(length, chunk_size)
     pad = n * c - length
     x_in = x
     if pad:
@@ -166,29 +171,36 @@ def ssd_chunked(
         dt = F.pad(dt, (0, 0, 0, pad))
         B = F.pad(B, (0, 0, 0, 0, 0, pad))
         C = F.pad(C, (0, 0, 0, 0, 0, pad))
-    # Heads split as (group, head in group): head h = g * per_group + r reads group g.
+    # Heads split as (group, head in group): head h = g * per_group + r reads group g. Every
+    # operand is laid out head-major and contiguous, [batch, G, (R,) n, c, ...], so that each
+    # contraction is one batched matmul (strided operands send bmm down a per-matrix loop).
     xdt = (x * dt[..., None]).reshape(batch, n, c, groups, per_group, p)
-    Bc = B.reshape(batch, n, c, groups, n_state)
-    Cc = C.reshape(batch, n, c, groups, n_state)
+    xdt = xdt.permute(0, 3, 4, 1, 2, 5).contiguous()  # [batch, G, R, n, c, P]
+    Bc = B.reshape(batch, n, c, groups, n_state).permute(0, 3, 1, 2, 4).contiguous()
+    Cc = C.reshape(batch, n, c, groups, n_state).permute(0, 3, 1, 2, 4).contiguous()
     log_decay = (dt * A).reshape(batch, n, c, groups, per_group).permute(0, 3, 4, 1, 2)
     segment = segment_sums(log_decay)  # [batch, G, R, n, c, c]
 
-    scores = torch.einsum("bnlgm,bnsgm->bgnls", Cc, Bc)[:, :, None] * segment.exp()
-    y = torch.einsum("bgrnls,bnsgrp->bnlgrp", scores, xdt)
+    scores = (Cc @ Bc.transpose(-1, -2))[:, :, None] * segment.exp()  # [batch, G, R, n, l, s]
+    y = scores @ xdt  # [batch, G, R, n, c, P]
 
     if n > 1:
-        # Each chunk's contribution to the state at its own end: [batch, n, G, R, P, N].
-        to_end = segment[..., -1, :].exp()
-        states = torch.einsum("bnsgm,bgrns,bnsgrp->bngrpm", Bc, to_end, xdt)
-        # State entering chunk z = Σ_{j<z} exp(total decay of chunks j+1 .. z-1) states_j:
-        # row z of the chunk totals' segment sums is row z - 1 shifted down (row 0: nothing).
-        between = segment_sums(log_decay.sum(-1))[..., :-1, :]
-        between = F.pad(between, (0, 0, 1, 0), value=-math.inf)
-        entering = torch.einsum("bgrzj,bjgrpm->bzgrpm", between.exp(), states)
+        # Each chunk's contribution to the state at its own end: [batch, G, R, n, P, N].
+        to_end = segment[..., -1, :].exp()  # [batch, G, R, n, c]
+        states = (xdt * to_end[..., None]).transpose(-1, -2) @ Bc[:, :, None]
+        # State entering chunk z: h_0 = 0, h_{z+1} = exp(total decay of chunk z) h_z + states_z,
+        # a short loop over the chunks (a matmul over the chunk index is n x n: tiny and slow).
+        chunk_decay = log_decay.sum(-1).exp()[..., None, None]  # [batch, G, R, n, 1, 1]
+        h = torch.zeros_like(states[:, :, :, 0])
+        entering = [h]
+        for z in range(n - 1):
+            h = torch.addcmul(states[:, :, :, z], chunk_decay[:, :, :, z], h)
+            entering.append(h)
+        entering = torch.stack(entering, dim=3)  # [batch, G, R, n, P, N]
         into = log_decay.cumsum(-1).exp()  # exp(Λ_l): decay from the chunk's start to l
-        y = y + torch.einsum("bnlgm,bngrpm,bgrnl->bnlgrp", Cc, entering, into)
+        y = y + (Cc[:, :, None] @ entering.transpose(-1, -2)) * into[..., None]
 
-    y = y.reshape(batch, n * c, heads, p)[:, :length]
+    y = y.permute(0, 3, 4, 1, 2, 5).reshape(batch, n * c, heads, p)[:, :length]
     return y + D[:, None] * x_in
 
 

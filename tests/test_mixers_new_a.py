@@ -25,6 +25,7 @@ from mecheval.models.mixers.gated_deltanet import (
     GatedDeltaNet,
     gated_delta_rule_chunked,
     gated_delta_rule_recurrent,
+    unit_lower_inverse,
 )
 from mecheval.models.mixers.mamba2 import Mamba2, Mamba2Options, ssd_chunked, ssd_recurrent
 from mecheval.models.registry import PAPER_ARCHITECTURES, get_architecture, parse_options
@@ -644,3 +645,13 @@ def test_balanced_chunks(length: int, chunk: int, expected: tuple[int, int]) -> 
     n, c = balanced_chunks(length, chunk)
     assert (n, c) == expected
     assert c <= chunk and n * c >= length > (n - 1) * c
+
+
+def test_unit_lower_inverse_and_its_adjoint() -> None:
+    # strictly lower part only; the entries on and above the diagonal are not read
+    m = torch.randn(2, 3, 9, 9, generator=gen(3), dtype=DTYPE)
+    inverse = unit_lower_inverse(m)
+    eye = torch.eye(9, dtype=DTYPE)
+    torch.testing.assert_close(inverse @ (eye + m.tril(-1)), eye.expand_as(m), **TOL)
+    torch.testing.assert_close(unit_lower_inverse(m.tril(-1) + 5 * m.triu()), inverse, **TOL)
+    assert torch.autograd.gradcheck(unit_lower_inverse, (m.tril(-1).requires_grad_(),))

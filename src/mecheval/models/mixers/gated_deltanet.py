@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer, optional_conv
-from mecheval.models.mixers.decay import segment_sums
+from mecheval.models.mixers.decay import balanced_chunks, segment_sums
 from mecheval.models.mixers.deltanet import l2_normalize
 from mecheval.models.mixers.mamba2 import GatedRMSNorm
 
@@ -59,7 +59,9 @@ class GatedDeltaNetOptions(BaseModel):
     )
     conv_bias: bool = False
     norm_eps: float = Field(1e-5, gt=0.0)
-    chunk_size: int = Field(16, ge=1, description="block length of the chunked form")
+    chunk_size: int = Field(
+        64, ge=1, description="longest block of the chunked form (blocks are balanced)"
+    )
 
 
 def gated_delta_rule_recurrent(
@@ -97,6 +99,45 @@ def gated_delta_rule_recurrent(
     return (o, torch.stack(states, dim=1)) if keep else o
 
 
+class _UnitLowerInverse(torch.autograd.Function):
+    """T = (I + L)⁻¹ for strictly lower-triangular L [..., c, c] (entries on and above the
+    diagonal are not read), by one triangular solve against the identity.
+
+    Autograd through ``solve_triangular(I + L, rhs)`` costs a second triangular solve in the
+    backward pass (and, with a wide right-hand side, dominated the chunked rule's time); with
+    the inverse at hand the adjoint is two matmuls, dL = -(Tᵀ dT Tᵀ) below the diagonal.
+    ``generate_vmap_rule`` keeps it usable under torch.func (stacked training).
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(strict: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        eye = torch.eye(strict.shape[-1], dtype=strict.dtype, device=strict.device)
+        return torch.linalg.solve_triangular(
+            strict, eye.expand_as(strict), upper=False, unitriangular=True
+        )
+
+    @staticmethod
+    def setup_context(
+        ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: torch.Tensor
+    ) -> None:
+        ctx.save_for_backward(output)
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+    ) -> torch.Tensor:
+        (inverse,) = ctx.saved_tensors  # type: ignore[attr-defined]
+        t = inverse.transpose(-1, -2)
+        return -(t @ grad @ t).tril(-1)
+
+
+def unit_lower_inverse(strict: torch.Tensor) -> torch.Tensor:
+    """(I + L)⁻¹ for the strictly lower-triangular part L of ``strict`` [..., c, c]."""
+    return _UnitLowerInverse.apply(strict)
+
+
 def gated_delta_rule_chunked(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -105,23 +146,27 @@ def gated_delta_rule_chunked(
     g: torch.Tensor,
     chunk_size: int,
 ) -> torch.Tensor:
-    """The same function as :func:`gated_delta_rule_recurrent`, in chunks.
+    """The same function as :func:`gated_delta_rule_recurrent`, in chunks of at most
+    ``chunk_size`` steps (:func:`~mecheval.models.mixers.decay.balanced_chunks`).
 
     Within a chunk from S_0, with Λ_t the running sum of g and γ_t = exp(Λ_t), the state is
     S_t = γ_t S_0 + Σ_{s≤t} exp(Λ_t - Λ_s) u_s k_sᵀ with pseudo-values
     u_t = β_t (v_t - exp(g_t) S_{t-1} k_t). For the chunk's rows they solve
         (I + L) U = diag(β) V - diag(β γ) K S_0ᵀ,   L[t, s] = β_t exp(Λ_t - Λ_s) k_t·k_s (s < t),
     :func:`~mecheval.models.mixers.deltanet.delta_rule_chunked`'s unit lower-triangular
-    system with the decays in. Outputs: O = diag(γ) Q S_0ᵀ + (Q Kᵀ ⊙ exp(Λ_t - Λ_s), s ≤ t) U;
-    the next chunk starts from γ_end S_0 + Σ_s exp(Λ_end - Λ_s) u_s k_sᵀ. Every exponent is
-    a sum of g over a span (:func:`~mecheval.models.mixers.decay.segment_sums`, each span
-    summed on its own rather than as a difference of running sums), so ≤ 0: nothing
-    overflows, and entries above the diagonal are -inf before the exp (gradients 0).
+    system with the decays in, through the explicit inverse T = (I + L)⁻¹
+    (:func:`unit_lower_inverse`, the UT transform): U = T β V - (T β γ K) S_0ᵀ. Outputs:
+    O = diag(γ) Q S_0ᵀ + (Q Kᵀ ⊙ exp(Λ_t - Λ_s), s ≤ t) U; the next chunk starts from
+    γ_end S_0 + Σ_s exp(Λ_end - Λ_s) u_s k_sᵀ. The first chunk starts from S_0 = 0, so its
+    terms in S_0 are skipped (one chunk, as T = 35 with the default chunk size, has none).
+    Every exponent is a sum of g over a span
+    (:func:`~mecheval.models.mixers.decay.segment_sums`, each span summed on its own rather
+    than as a difference of running sums), so ≤ 0: nothing overflows, and entries above the
+    diagonal are -inf before the exp (gradients 0).
     """
     b, h, length, d_k = k.shape
     d_v = v.shape[-1]
-    c = chunk_size
-    n = -(-length // c)
+    n, c = balanced_chunks(length, chunk_size)
     pad = n * c - length
     if pad:
         # Trailing zeros: β = 0 and g = 0 leave the state untouched; outputs there are dropped.
@@ -132,28 +177,29 @@ def gated_delta_rule_chunked(
     g = g.reshape(b, h, n, c)
     segment = segment_sums(g)  # [b, h, n, c, c]: Λ_t - Λ_s summed over its own span
     decay = segment.exp()
-    strict = torch.ones(c, c, dtype=torch.bool, device=k.device).tril(-1)
     k_beta = k * beta
-    system = torch.eye(c, dtype=k.dtype, device=k.device) + (k_beta @ k.transpose(-1, -2)) * (
-        decay * strict
-    )
-    gamma = g.cumsum(-1).exp()[..., None]  # γ_t = exp(Λ_t): [b, h, n, c, 1]
-    # One triangular solve gives both parts of U: u = T β V and w = T β γ K.
-    solved = torch.linalg.solve_triangular(
-        system, torch.cat([v * beta, k_beta * gamma], dim=-1), upper=False, unitriangular=True
-    )
-    u, w = solved.split([d_v, d_k], dim=-1)
+    strict = torch.ones(c, c, dtype=torch.bool, device=k.device).tril(-1)
+    inverse = unit_lower_inverse((k_beta @ k.transpose(-1, -2)) * (decay * strict))
+    u = inverse @ (v * beta)  # the pseudo-values of a chunk entered with S_0 = 0
     scores = (q @ k.transpose(-1, -2)) * decay
+    if n == 1:
+        return (scores @ u).reshape(b, h, c, d_v)[:, :, :length]
+
+    gamma = g.cumsum(-1).exp()[..., None]  # γ_t = exp(Λ_t): [b, h, n, c, 1]
+    w = inverse @ (k_beta * gamma)  # u = T β V - w S_0ᵀ
     q_gamma = q * gamma
-    k_to_end = k * decay[..., -1, :, None]  # exp(Λ_end - Λ_s) k_s
+    k_to_end = (k * decay[..., -1, :, None]).transpose(-1, -2)  # exp(Λ_end - Λ_s) k_s, columns
     chunk_decay = g.sum(-1).exp()[..., None, None]  # [b, h, n, 1, 1]
 
-    state = k.new_zeros(b, h, d_k, d_v)  # stored transposed (Sᵀ) so rows multiply on the left
-    outs = []
-    for i in range(n):
+    # The state is stored transposed (Sᵀ, [d_k, d_v]) so rows multiply on the left.
+    u_i = u[:, :, 0]
+    outs = [scores[:, :, 0] @ u_i]
+    state = k_to_end[:, :, 0] @ u_i
+    for i in range(1, n):
         u_i = u[:, :, i] - w[:, :, i] @ state
         outs.append(q_gamma[:, :, i] @ state + scores[:, :, i] @ u_i)
-        state = chunk_decay[:, :, i] * state + k_to_end[:, :, i].transpose(-1, -2) @ u_i
+        if i < n - 1:
+            state = chunk_decay[:, :, i] * state + k_to_end[:, :, i] @ u_i
     return torch.stack(outs, dim=2).reshape(b, h, n * c, d_v)[:, :, :length]
 
 

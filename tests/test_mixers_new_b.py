@@ -89,6 +89,20 @@ def test_gla_chunked_equals_recurrent(length: int, chunk: int, seed: int) -> Non
     )
 
 
+@pytest.mark.parametrize(
+    ("length", "chunk", "sub", "seed"),
+    [(37, 16, 1, 11), (37, 16, 5, 12), (53, 64, 7, 13), (70, 64, 64, 14), (9, 4, 2, 15)],
+)
+def test_gla_sub_chunks_equal_recurrent(length: int, chunk: int, sub: int, seed: int) -> None:
+    # sub-chunks of one step (every key split at the query), of several, of the whole chunk
+    assert_same_function(
+        lambda *a: gla_chunked(*a, chunk_size=chunk, sub_chunk_size=sub),
+        gla_recurrent,
+        gla_inputs(seed, length),
+        seed,
+    )
+
+
 def gla_closed_form(q, k, v, g):
     """o_t = Σ_{s<=t} Σ_j q_tj (Π_{s<r<=t} exp(g_rj)) k_sj v_s, the products written out."""
     b, h, length, d_k = q.shape

@@ -114,9 +114,10 @@ class _UnitLowerInverse(torch.autograd.Function):
     @staticmethod
     def forward(strict: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         eye = torch.eye(strict.shape[-1], dtype=strict.dtype, device=strict.device)
+        # LAPACK leaves the solution column-major; row-major keeps the matmuls on it fast.
         return torch.linalg.solve_triangular(
             strict, eye.expand_as(strict), upper=False, unitriangular=True
-        )
+        ).contiguous()
 
     @staticmethod
     def setup_context(
@@ -180,10 +181,11 @@ def gated_delta_rule_chunked(
     k_beta = k * beta
     strict = torch.ones(c, c, dtype=torch.bool, device=k.device).tril(-1)
     inverse = unit_lower_inverse((k_beta @ k.transpose(-1, -2)) * (decay * strict))
-    u = inverse @ (v * beta)  # the pseudo-values of a chunk entered with S_0 = 0
     scores = (q @ k.transpose(-1, -2)) * decay
     if n == 1:
-        return (scores @ u).reshape(b, h, c, d_v)[:, :, :length]
+        # (scores T) (β V): the [c, c] product first is the cheaper order, forward and back.
+        return ((scores @ inverse) @ (v * beta)).reshape(b, h, c, d_v)[:, :, :length]
+    u = inverse @ (v * beta)  # the pseudo-values of a chunk entered with S_0 = 0
 
     gamma = g.cumsum(-1).exp()[..., None]  # γ_t = exp(Λ_t): [b, h, n, c, 1]
     w = inverse @ (k_beta * gamma)  # u = T β V - w S_0ᵀ

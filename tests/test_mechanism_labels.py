@@ -20,7 +20,7 @@ from mecheval.interventions import Thresholds, interchange, label_mechanism
 from mecheval.models import ModelConfig, build_model
 from mecheval.models.mixers.attention import Attention, AttentionOptions
 from mecheval.models.mixers.base import Mixer
-from mecheval.models.sites import name_sites
+from mecheval.models.sites import local_mixing_sites, name_sites
 from mecheval.tasks import ARConfig, build_datasets, corrupt, vocab_size
 
 TASK = ARConfig(kind="ar", n_keys=4, n_values=4, n_pairs=2, n_train=0, n_dev=64, n_test=0)
@@ -102,6 +102,37 @@ def hand_built_direct_retrieval() -> torch.nn.Module:
     return model.eval()
 
 
+def hand_built_one_layer_induction() -> torch.nn.Module:
+    """Olsson et al.'s one-layer induction: a length-2 short conv on the mixer's input copies
+    each token into the previous-token subspace of the next position (the embedding writes
+    every token into both subspaces; the conv keeps lag 0 of the token subspace and lag 1 of
+    the previous-token one), and the one attention layer is the induction head."""
+    model = build_model(
+        ModelConfig(
+            architecture="attention",
+            d_model=D,
+            n_layers=1,
+            vocab_size=V,
+            max_len=P,
+            position_embedding=False,
+            short_conv=2,
+        )
+    )
+    with torch.no_grad():
+        model.embedding.weight.zero_()
+        model.embedding.weight[:, TOK:V] = ALPHA * torch.eye(V)
+        model.embedding.weight[:, PREV : PREV + V] = ALPHA * torch.eye(V)
+        model.layers[0].mlp.fc2.weight.zero_()
+        model.layers[0].mlp.fc2.bias.zero_()
+        conv = model.layers[0].mixer.short_conv
+        conv.weight.zero_()
+        conv.bias.zero_()
+        conv.weight[TOK:V, 0, 1] = 1.0  # tap 1 reads x[t], tap 0 x[t - 1]
+        conv.weight[PREV : PREV + V, 0, 0] = 1.0
+    induction_head(model.layers[0].mixer)
+    return model.eval()
+
+
 def pair():
     original = build_datasets(TASK)["dev"].batch(torch.arange(64))
     return original, corrupt(original, TASK, seed=5)
@@ -135,6 +166,74 @@ def test_hand_built_direct_retrieval_model_is_labelled_layer0() -> None:
     label = label_mechanism(result.table, n_layers=2)
     assert label.label == "direct retrieval, layer 0", str(label)
     assert label.recovered["query"] > 0.9
+
+
+def test_one_layer_model_is_labelled_at_its_short_conv() -> None:
+    """A one-layer model's only layer output at the query restores the logits themselves, so
+    read there every model reads as direct retrieval. Read at the short conv's output (the
+    block's short mixing step, before its only mixer), the hand-built one-layer induction
+    model recovers at the value: induction, as Olsson et al. describe it."""
+    model = hand_built_one_layer_induction()
+    original, corrupted = pair()
+    conv_site = "layers.0.mixer.short_conv.output"
+    assert local_mixing_sites(model, 0) == [conv_site]
+    result = interchange(model, original, corrupted, sites=[conv_site, "layers.0.output"])
+    assert result.value("original", "accuracy") == 1.0
+    assert result.value("corrupted", "accuracy") < 0.6
+    at_output = label_mechanism(result.table, n_layers=1)
+    assert at_output.site == "layers.0.output"
+    assert at_output.label == "direct retrieval, layer 0"  # the trivial reading
+    label = label_mechanism(result.table, n_layers=1, local_sites=[conv_site])
+    assert (label.site, label.label) == (conv_site, "induction"), str(label)
+    assert label.recovered["value"] > 0.9 and label.recovered["key"] < 0.1
+    # the local sites matter only for one layer, and only where they were measured
+    assert label_mechanism(result.table, n_layers=1, local_sites=["x.output"]).site == (
+        "layers.0.output"
+    )
+
+
+def test_one_layer_label_reads_the_local_site_that_recovers_most() -> None:
+    rows = [("original", "", "", "likelihood", 0.9), ("corrupted", "", "", "likelihood", 0.1)]
+    restores = {"q_conv": (0.1, 0.1, 0.1), "k_conv": (0.1, 0.7, 0.1), "v_conv": (0.5, 0.1, 0.1)}
+    for conv, values in restores.items():
+        rows += [
+            ("restored", f"layers.0.mixer.{conv}.output", role, "likelihood", v)
+            for role, v in zip(("key", "value", "query"), values, strict=True)
+        ]
+    table = pd.DataFrame(rows, columns=["condition", "site", "role", "metric", "value"])
+    sites = [f"layers.0.mixer.{c}.output" for c in restores]
+    label = label_mechanism(table, n_layers=1, local_sites=sites)
+    assert (label.site, label.label) == ("layers.0.mixer.k_conv.output", "induction")
+    assert label.recovered["value"] == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="no restores at layers.1.input"):
+        label_mechanism(table, n_layers=2, local_sites=sites)  # two layers: the paper's site
+
+
+@pytest.mark.parametrize(
+    ("architecture", "short_conv", "expected"),
+    [
+        ("attention", None, []),
+        ("attention", 2, ["layers.0.mixer.short_conv.output"]),
+        ("mamba", None, ["layers.0.mixer.conv.output"]),
+        ("h3", None, ["layers.0.mixer.conv.output"]),  # the shift SSM
+        ("hyena", None, ["layers.0.mixer.conv.output"]),  # not the long conv
+        ("deltanet", None, [f"layers.0.mixer.{c}_conv.output" for c in "qkv"]),
+        ("deltanet", "none", []),
+    ],
+)
+def test_local_mixing_sites(architecture, short_conv, expected) -> None:
+    model = build_model(
+        ModelConfig(
+            architecture=architecture,
+            d_model=16,
+            n_layers=2,
+            vocab_size=V,
+            max_len=P,
+            short_conv=short_conv,
+        )
+    )
+    assert local_mixing_sites(model, 0) == expected
+    assert local_mixing_sites(model, 1) == [s.replace("layers.0", "layers.1") for s in expected]
 
 
 def test_untrained_model_is_not_learned() -> None:

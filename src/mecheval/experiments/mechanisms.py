@@ -23,7 +23,7 @@ from mecheval.errors import ConfigError
 from mecheval.interventions import InterchangeResult, MechanismLabel, interchange, label_mechanism
 from mecheval.io import atomic_write_text
 from mecheval.models import LanguageModel
-from mecheval.models.sites import last_layer_input, parse_site
+from mecheval.models.sites import last_layer_input, local_mixing_sites, parse_site
 from mecheval.schema import MEASUREMENT_COLUMNS
 from mecheval.tasks import Batch, build_datasets, corrupt, task_of
 from mecheval.tasks.scores import chance_level, n_candidates
@@ -168,7 +168,12 @@ def intervene_run(
     rows, result = measure(model, plan, step, pair)
     candidates = pair[0].candidates
     chance = None if candidates is None else chance_level(candidates)
-    label = label_mechanism(result.table, n_layers=cfg.model.n_layers, chance=chance)
+    label = label_mechanism(
+        result.table,
+        n_layers=cfg.model.n_layers,
+        chance=chance,
+        local_sites=local_mixing_sites(model, 0),
+    )
     record = {
         **asdict(label),
         "range": label.range,

@@ -1,7 +1,15 @@
 """Mechanism labels: how a checkpoint solves the task, read as the paper reads Fig. 3.
 
-The label is read from the restore table at the last layer's input (``layers.{L-1}.input``;
-for a 1-layer model, ``layers.0.output``). With o = p(y|o), c = p(y|c) and r = the restored
+The label is read from the restore table at the last layer's input (``layers.{L-1}.input``),
+the paper's site: what the last layer's mixer finds there at the value, the key or the
+query. A one-layer model has no layer before its mixer, but it can have a short mixing step
+inside the block (a short conv, H3's shift SSM: ``local_sites``, from
+``models.sites.local_mixing_sites``): the label is read at its output, the last point before
+the only sequence mixer, where a key bound to the next token shows as a restore at the value
+(Olsson et al.'s one-layer attention with a length-2 conv: induction). Where the block has
+several (DeltaNet's q, k and v convs), at the one whose best role recovers most. A one-layer
+model without one is read at ``layers.0.output``, where only the query can recover: every
+such model that answers reads as direct retrieval at its only layer. With o = p(y|o), c = p(y|c) and r = the restored
 likelihood at a role, a role *recovers* the fraction (r − c) / (o − c) of what the
 corruption removed. The labels, in the order they are tried:
 
@@ -39,6 +47,8 @@ corruption removed. The labels, in the order they are tried:
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -120,7 +130,22 @@ class MechanismLabel:
 
 
 def label_site(n_layers: int) -> str:
+    """The site the label is read at, for a model without short mixing steps in a one-layer
+    block (module docstring)."""
     return last_layer_input(n_layers) if n_layers >= 2 else layer_site(0, "output")
+
+
+def _recovered(
+    likelihood: pd.DataFrame, site: str, corrupted: float, gap: float
+) -> tuple[dict[str, float], dict[str, float]]:
+    """(restored likelihood per role, fraction of the gap it recovers per labelled role) at
+    ``site``."""
+    at_site = likelihood[(likelihood.condition == "restored") & (likelihood.site == site)]
+    restored = {r: float(v) for r, v in zip(at_site.role, at_site.value, strict=True)}
+    recovered = {
+        r: (v - corrupted) / gap if gap > 1e-12 else 0.0 for r, v in restored.items() if r in LABELS
+    }
+    return restored, recovered
 
 
 def candidates_only(
@@ -140,10 +165,12 @@ def label_mechanism(
     n_layers: int,
     thresholds: Thresholds = Thresholds(),
     chance: float | None = None,
+    local_sites: Sequence[str] = (),
 ) -> MechanismLabel:
     """Label from an interchange table (the engine's ``InterchangeResult.table``) and the
-    chance level of its documents (``tasks.scores.chance_level`` of their candidates)."""
-    site = label_site(n_layers)
+    chance level of its documents (``tasks.scores.chance_level`` of their candidates).
+    ``local_sites``: the short mixing steps' sites of a one-layer model's block
+    (``models.sites.local_mixing_sites(model, 0)``), read instead of ``layers.0.output``."""
     likelihood = table[table.metric == "likelihood"]
 
     def one(condition: str) -> float:
@@ -162,12 +189,13 @@ def label_mechanism(
         "chance": chance,
     }
     original, corrupted = one("original"), one("corrupted")
-    at_site = likelihood[(likelihood.condition == "restored") & (likelihood.site == site)]
-    restored = {r: float(v) for r, v in zip(at_site.role, at_site.value, strict=True)}
     gap = original - corrupted
-    recovered = {
-        r: (v - corrupted) / gap if gap > 1e-12 else 0.0 for r, v in restored.items() if r in LABELS
-    }
+    measured = set(likelihood.site[likelihood.condition == "restored"])
+    local = [site for site in local_sites if site in measured] if n_layers == 1 else []
+    sites = local or [label_site(n_layers)]
+    read = [(site, *_recovered(likelihood, site, corrupted, gap)) for site in sites]
+    # the first site whose best role recovers most (max keeps the first of equals)
+    site, restored, recovered = max(read, key=lambda r: max(r[2].values(), default=-math.inf))
     if (
         accuracy is not None
         and in_context_accuracy is not None

@@ -122,6 +122,21 @@ def state_site_layer(name: str) -> int | None:
     return int(split[0])
 
 
+def local_mixing_sites(model: nn.Module, layer: int) -> list[str]:
+    """The output sites of block ``layer``'s short mixing steps, in forward order: every
+    submodule marked ``local_mixing = True`` (``ShortConv``, H3's shift SSM) that has an
+    ``output`` site. They are where a one-layer model can bind a key to the next token before
+    its only sequence mixer (Olsson et al.'s one-layer attention with a length-2 conv)."""
+    prefix = f"layers.{layer}."
+    return [
+        f"{path}.output"
+        for path, module in model.named_modules()
+        if path.startswith(prefix)
+        and getattr(module, "local_mixing", False)
+        and isinstance(getattr(module, "output", None), Site)
+    ]
+
+
 def get_site(model: nn.Module, name: str) -> Site:
     try:
         module = model.get_submodule(name)

@@ -176,6 +176,9 @@ class ShortConv(nn.Module):
     path (the tests compare it with ``conv1d``).
     """
 
+    #: a short mixing step before the mixer (``models.sites.local_mixing_sites``)
+    local_mixing = True
+
     def __init__(self, channels: int, kernel_size: int, bias: bool = True) -> None:
         super().__init__()
         if kernel_size < 1:

@@ -83,6 +83,9 @@ DIRECT_LAGS = 48
 class ShiftSSM(nn.Module):
     """Per-channel shift SSM ``[B, T, C] -> [B, T, C]`` (see module docstring)."""
 
+    #: a d_state-tap causal FIR filter: a short mixing step (``models.sites.local_mixing_sites``)
+    local_mixing = True
+
     def __init__(self, channels: int, d_state: int, l_max: int) -> None:
         super().__init__()
         self.d_state = d_state

@@ -9,9 +9,11 @@ the only sequence mixer, where a key bound to the next token shows as a restore 
 (Olsson et al.'s one-layer attention with a length-2 conv: induction). Where the block has
 several (DeltaNet's q, k and v convs), at the one whose best role recovers most. A one-layer
 model without one is read at ``layers.0.output``, where only the query can recover: every
-such model that answers reads as direct retrieval at its only layer. With o = p(y|o), c = p(y|c) and r = the restored
-likelihood at a role, a role *recovers* the fraction (r − c) / (o − c) of what the
-corruption removed. The labels, in the order they are tried:
+such model that answers reads as direct retrieval at its only layer.
+
+With o = p(y|o), c = p(y|c) and r = the restored likelihood at a role, a role *recovers*
+the fraction (r − c) / (o − c) of what the corruption removed. The labels, in the order
+they are tried:
 
 - ``candidates only (no binding)``: on the original documents the in-context accuracy
   (argmax is one of the document's answer candidates: AR its values, ATR its yield's

@@ -18,7 +18,7 @@ from mecheval.models.mixers.based import (
     linear_attention_recurrent,
     taylor_exp,
 )
-from mecheval.models.mixers.h3 import DiagSSMKernel, H3Options, ShiftSSM
+from mecheval.models.mixers.h3 import DiagSSMKernel, H3Options, ShiftSSM, shift_kernel_direct
 from mecheval.models.mixers.long_conv import (
     ImplicitFilter,
     ImplicitLongConv,
@@ -335,6 +335,18 @@ def test_h3_multi_head_outer_product() -> None:
                 acc = acc + q[..., 4 * h + i] * ssm[..., 0]
             y[..., j * 2 + h] = acc  # zoology lays the output out as (j, head)
     torch.testing.assert_close(mixer(u), mixer.output_linear(y), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("lags", [1, 5, 12])
+def test_shift_kernel_direct_equals_its_sum_and_gradients(lags: int) -> None:
+    """The conv1d form and its hand-written gradients against the definition,
+    K[j] = sum_m B[m] C[m + j] (C zero beyond N), written as one product-sum per lag."""
+    g = torch.Generator().manual_seed(4)
+    b = torch.randn(3, 12, generator=g, dtype=torch.float64, requires_grad=True)
+    c = torch.randn(3, 12, generator=g, dtype=torch.float64, requires_grad=True)
+    expected = torch.stack([(b[:, : 12 - j] * c[:, j:]).sum(-1) for j in range(lags)], 1)
+    torch.testing.assert_close(shift_kernel_direct(b, c, lags), expected)
+    assert torch.autograd.gradcheck(lambda b, c: shift_kernel_direct(b, c, lags), (b, c))
 
 
 def test_shift_ssm_init_is_a_conv_with_kernel_c() -> None:

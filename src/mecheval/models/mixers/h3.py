@@ -41,6 +41,7 @@ import math
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
@@ -107,16 +108,13 @@ class ShiftSSM(nn.Module):
     def kernel(self, length: int) -> torch.Tensor:
         """K[c, j] = sum_m B[c, m] C[c, m + j], j < min(N, length): ``[C, min(N, length)]``.
 
-        Up to :data:`DIRECT_LAGS` lags each is one product-sum over the N slots (L of them,
-        forward and backward, cost ~L N per channel); beyond, a correlation by FFT of size
-        2N, whose cost does not shrink with L (at the quick presets' T ~ 11-24 it was a tenth
-        of H3's training step)."""
+        Up to :data:`DIRECT_LAGS` lags, a direct correlation (:func:`shift_kernel_direct`,
+        cost ~L N per channel); beyond, a correlation by FFT of size 2N, whose cost does not
+        shrink with L (at the quick presets' T ~ 11-24 it was a tenth of H3's training
+        step)."""
         lags = min(self.d_state, length)
         if lags <= DIRECT_LAGS:
-            n = self.d_state
-            return torch.stack(
-                [(self.B[:, : n - j] * self.C[:, j:]).sum(-1) for j in range(lags)], 1
-            )
+            return shift_kernel_direct(self.B, self.C, lags)
         n = 2 * self.d_state  # no wrap-around: m + j < 2N
         b_f = torch.fft.rfft(self.B, n=n)
         c_f = torch.fft.rfft(self.C, n=n)
@@ -125,6 +123,37 @@ class ShiftSSM(nn.Module):
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         k = self.kernel(min(u.shape[1], self.l_max))
         return self.output(causal_long_conv(u, k) + u * self.D)
+
+
+def shift_kernel_direct(b: torch.Tensor, c: torch.Tensor, lags: int) -> torch.Tensor:
+    """``K[ch, j] = sum_m b[ch, m] c[ch, m + j]`` for j < lags (c zero beyond its N slots):
+    ``[C, N], [C, N] -> [C, lags]``, the shift SSM's kernel as a direct correlation, in the
+    parameters' dtype (a function of the parameters alone; see DiagSSMKernel.forward)."""
+    with torch.autocast(b.device.type, enabled=False):
+        return _ShiftKernel.apply(b, c, lags)
+
+
+class _ShiftKernel(torch.autograd.Function):
+    """Forward and both gradients as one depthwise ``conv1d`` each: autograd through the L
+    product-sums of N slots (one per lag) took ~3.5 ms per layer at L = 24 against ~0.9."""
+
+    @staticmethod
+    def forward(ctx, b: torch.Tensor, c: torch.Tensor, lags: int) -> torch.Tensor:  # type: ignore[override]
+        c_padded = F.pad(c, (0, lags - 1)).unsqueeze(0)  # [1, C, N + lags - 1]
+        ctx.save_for_backward(b, c_padded)
+        ctx.lags = lags
+        return F.conv1d(c_padded, b.unsqueeze(1), groups=b.shape[0])[0]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        b, c_padded = ctx.saved_tensors
+        channels, lags = b.shape[0], ctx.lags
+        # dK[j]/db[m] = c[m + j]: grad_b[m] = sum_j grad[j] c[m + j], again a correlation.
+        grad_b = F.conv1d(c_padded, grad.unsqueeze(1), groups=channels)[0]
+        # dK[j]/dc[i] = b[i - j]: grad_c[i] = sum_j grad[j] b[i - j], a causal convolution.
+        b_padded = F.pad(b, (lags - 1, 0)).unsqueeze(0)
+        grad_c = F.conv1d(b_padded, grad.flip(-1).unsqueeze(1), groups=channels)[0]
+        return grad_b, grad_c, None
 
 
 class DiagSSMKernel(nn.Module):

@@ -18,7 +18,13 @@ from mecheval.models.mixers.based import (
     linear_attention_recurrent,
     taylor_exp,
 )
-from mecheval.models.mixers.h3 import DiagSSMKernel, H3Options, ShiftSSM, shift_kernel_direct
+from mecheval.models.mixers.h3 import (
+    DiagSSMKernel,
+    H3Options,
+    ShiftSSM,
+    shift_kernel_direct,
+    vandermonde,
+)
 from mecheval.models.mixers.long_conv import (
     ImplicitFilter,
     ImplicitLongConv,
@@ -347,6 +353,20 @@ def test_shift_kernel_direct_equals_its_sum_and_gradients(lags: int) -> None:
     expected = torch.stack([(b[:, : 12 - j] * c[:, j:]).sum(-1) for j in range(lags)], 1)
     torch.testing.assert_close(shift_kernel_direct(b, c, lags), expected)
     assert torch.autograd.gradcheck(lambda b, c: shift_kernel_direct(b, c, lags), (b, c))
+
+
+@pytest.mark.parametrize("length", [1, 2, 7, 16, 35])
+def test_vandermonde_equals_its_sum_and_gradients(length: int) -> None:
+    """Baby step, giant step and its written-out gradient against the definition,
+    K[l] = 2 Re sum_n cb_n exp(l w_n), in float64 (lengths on and off the m x m grid)."""
+    g = torch.Generator().manual_seed(5)
+    cb_re, cb_im, w_im = (torch.randn(2, 3, 6, generator=g, dtype=torch.float64) for _ in "abc")
+    w_re = -torch.rand(2, 3, 6, generator=g, dtype=torch.float64)
+    powers = torch.exp(torch.complex(w_re, w_im).unsqueeze(-1) * torch.arange(length))
+    expected = 2 * (torch.complex(cb_re, cb_im).unsqueeze(-1) * powers).sum(-2).real
+    torch.testing.assert_close(vandermonde(cb_re, cb_im, w_re, w_im, length), expected)
+    inputs = tuple(x.requires_grad_() for x in (cb_re, cb_im, w_re, w_im))
+    assert torch.autograd.gradcheck(lambda *x: vandermonde(*x, length), inputs)
 
 
 def test_shift_ssm_init_is_a_conv_with_kernel_c() -> None:

@@ -126,6 +126,16 @@ CASES = [
     Case("lr not a number", (*TINY, "--set", "training.lr=abc"), "training.lr"),
     Case("grad clip inf", (*TINY, "--set", "training.grad_clip=inf"), "training.grad_clip"),
     Case("eps nan", (*TINY, "--set", "training.eps=nan"), "training.eps"),
+    Case(
+        "stop accuracy above one",
+        (*TINY, "--set", "training.stop_at_accuracy=1.5"),
+        "training.stop_at_accuracy",
+    ),
+    Case(
+        "stop accuracy without dev",
+        (*TINY, "--set", "training.stop_at_accuracy=0.9", "--set", "training.eval_splits=[test]"),
+        "training.stop_at_accuracy",
+    ),
     Case("beta out of range", (*TINY, "--set", "training.betas=[0.9,1.5]"), "training.betas"),
     Case("n_train below one batch", (*TINY, "--set", "task.n_train=8"), "training.batch_size"),
     Case("batch size zero", (*TINY, "--set", "training.batch_size=0"), "training.batch_size"),

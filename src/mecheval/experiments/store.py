@@ -121,6 +121,12 @@ def mechanistic_rows(run_dir: Path) -> pd.DataFrame:
     return table[MEASUREMENT_COLUMNS]
 
 
+def status_reason(status: dict[str, Any]) -> str:
+    """Why a run ended where it did: a failed run's reason, an early stop's note
+    (``training.stop_at_accuracy``), or ""."""
+    return str(status.get("reason") or status.get("stopped_early") or "")
+
+
 def run_table(run_dir: Path) -> pd.DataFrame:
     config = read_config_data(run_dir)
     status = run_status(run_dir)
@@ -134,7 +140,7 @@ def run_table(run_dir: Path) -> pd.DataFrame:
     head = {
         "run": run_dir.name,
         "status": status.get("state"),
-        "reason": status.get("reason", ""),
+        "reason": status_reason(status),
         "state_size": model_state_size(json.dumps(config.get("model", {}), sort_keys=True)),
     }
     head.update(flatten({k: v for k, v in config.items() if k in ("task", "model", "training")}))
@@ -240,7 +246,7 @@ def label_records(experiment_dir: str | Path) -> pd.DataFrame:
             "short conv": config["model"].get("short_conv"),
             "architecture": config["model"]["architecture"],
             "status": status.get("state"),
-            "reason": status.get("reason") or "",
+            "reason": status_reason(status),
             "dev accuracy": _dev_accuracy(status),
             "label": None,
             "accuracy": None,

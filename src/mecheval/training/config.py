@@ -58,6 +58,16 @@ class TrainConfig(BaseModel):
         ),
     )
     grad_clip: float | None = Field(None, gt=0.0, description="max grad norm; unset: no clipping")
+    stop_at_accuracy: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description=(
+            "stop at the first evaluation whose dev accuracy is at least this (zoology's "
+            "early stopping, on at 0.99 there); the LR schedule stays the full run's, so the "
+            "run up to that step is the full run's exactly. Unset: train every step (the paper)"
+        ),
+    )
     seed: int = Field(0, ge=0, description="model init and data order (the data seed is task.seed)")
     eval_every: int | None = Field(None, ge=1, description=f"steps; unset: {DEFAULT_EVALS} evals")
     checkpoint_every: int | None = Field(None, ge=1, description="steps; unset: eval_every")
@@ -227,6 +237,11 @@ def resolve(cfg: RunConfig) -> RunConfig:
     )
     check_buildable(model, length)
     t = cfg.training
+    if t.stop_at_accuracy is not None and "dev" not in t.eval_splits:
+        raise ConfigError(
+            "training.stop_at_accuracy: reads the dev accuracy, but training.eval_splits "
+            f"{t.eval_splits} has no 'dev'"
+        )
     total = total_steps(cfg)
     # With an explicit step count, epochs would be a misleading number in the dumped config.
     epochs = t.epochs

@@ -162,6 +162,7 @@ class GroupTrainer:
         self.step = 0
         self.live = list(range(len(self.members)))  # members still training, in stack order
         self.failed: dict[int, Diverged] = {}
+        self.stopped: set[int] = set()  # members done early at training.stop_at_accuracy
         # A private copy is the shell every functional call runs through: functional_call
         # restores a module reachable under two names (the implicit filter's shared Sin) in
         # the wrong order and leaves a vmapped tensor in it, so it must not be a member's model.
@@ -315,6 +316,10 @@ class GroupTrainer:
         for j, err in zip(slots, errors, strict=True):
             self.failed[self.live[j]] = err
             self.members[self.live[j]].metrics.flush()
+        self.take_off(slots)
+
+    def take_off(self, slots: Sequence[int]) -> None:
+        """Remove stack ``slots`` from the stack (their members keep their last sync)."""
         keep = [j for j in range(len(self.live)) if j not in set(slots)]
         self._index = torch.tensor(keep, dtype=torch.long, device=self.device)
         self.params = {n: p[self._index] for n, p in self.params.items()}
@@ -355,16 +360,25 @@ class GroupTrainer:
 
     # ------------------------------------------------------------------ evaluation, state
     def evaluate_now(self) -> None:
-        """Each live member's Trainer.evaluate_now on its own weights; drop the diverged."""
+        """Each live member's Trainer.evaluate_now on its own weights; drop the diverged, and
+        (after step 0, as Trainer.run) those at their ``training.stop_at_accuracy``."""
         diverged: list[tuple[int, Diverged]] = []
+        reached: list[int] = []
         for j in range(len(self.live)):
             member = self.sync(j)
             try:
                 member.evaluate_now()
             except Diverged as err:
                 diverged.append((j, err))
+                continue
+            if self.step > 0 and member.reached_target():
+                reached.append(j)
+        self.stopped.update(self.live[j] for j in reached)
         if diverged:
             self.fail([j for j, _ in diverged], [err for _, err in diverged])
+            reached = [j - sum(d < j for d, _ in diverged) for j in reached]
+        if reached:
+            self.take_off(reached)
 
     def save_checkpoints(self, start: float) -> None:
         """Each live member's checkpoint in the single-run format, so ``train()`` resumes it."""
@@ -388,7 +402,8 @@ class GroupTrainer:
             opt.state.clear()
 
     def run(self, start: float | None = None) -> None:
-        """Train every member to the end or to its divergence (see :attr:`failed`)."""
+        """Train every member to the end, to its divergence (see :attr:`failed`) or to its
+        ``training.stop_at_accuracy`` (see :attr:`stopped`)."""
         start = time.perf_counter() if start is None else start
         self.reporter.start(self.total, self.step)
         try:
@@ -493,6 +508,7 @@ def _train_stack(group: GroupTrainer, folders: Sequence[RunFolder]) -> list[dict
             step=member.step,
             wall_time=member.wall_time(start),
             metrics=member.last_results,
+            **member.stop_note(),
         )
         for k, member in enumerate(group.members)
     ]

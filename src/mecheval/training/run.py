@@ -138,6 +138,7 @@ def _train(
                 step=trainer.step,
                 wall_time=trainer.wall_time(start),
                 metrics=results,
+                **trainer.stop_note(),
                 **notes,
             )
         except Diverged as err:

@@ -269,8 +269,27 @@ class Trainer:
             finally:
                 self.model.train()
 
+    def reached_target(self) -> bool:
+        """Whether the last evaluation's dev accuracy reached ``training.stop_at_accuracy``."""
+        target = self.t.stop_at_accuracy
+        if target is None:
+            return False
+        return self.last_results.get("dev", {}).get("accuracy", 0.0) >= target
+
+    def stop_note(self) -> dict[str, str]:
+        """The status note of a run that stopped at its target before its last step."""
+        if self.step >= self.total:
+            return {}
+        accuracy = self.last_results["dev"]["accuracy"]
+        return {
+            "stopped_early": f"dev accuracy {accuracy:.4f} >= training.stop_at_accuracy="
+            f"{self.t.stop_at_accuracy:g} at step {self.step} of {self.total}"
+        }
+
     def run(self, clock: Callable[[], float] = time.perf_counter) -> dict[str, dict[str, float]]:
-        """Train to the end (resuming if a checkpoint exists); return the final eval results.
+        """Train to the end, or to the first evaluation that reaches
+        ``training.stop_at_accuracy`` (resuming if a checkpoint exists); return the final
+        eval results.
 
         Raises :class:`Diverged` on a non-finite loss or weights.
         """
@@ -288,6 +307,8 @@ class Trainer:
                 self.reporter.step(self.step, loss)
                 if self.step % self.t.eval_every == 0 or self.step == self.total:
                     self.evaluate_now()
+                    if self.reached_target():
+                        break
                 if self.step % self.t.checkpoint_every == 0 and self.step < self.total:
                     save_checkpoint(
                         self.checkpoint_dir,

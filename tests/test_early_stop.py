@@ -1,0 +1,98 @@
+"""``training.stop_at_accuracy`` (zoology's early stopping): a run stops at the first
+evaluation whose dev accuracy reaches the target, and is up to that step the full run
+exactly (the LR schedule is the full run's); alone or as a member of a stacked group."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from small_runs import config
+from test_training_group import StackSpy, assert_same_run, spied_group, spy  # noqa: F401
+
+from mecheval.tasks import build_datasets
+from mecheval.training import read_status, resolve, train
+
+STEPS, EVERY = 24, 2
+
+
+@pytest.fixture(scope="module")
+def data():
+    return build_datasets(resolve(config()).task)
+
+
+def dev_accuracy(run_dir: Path) -> pd.Series:
+    """The run's dev accuracy at each evaluation, indexed by step."""
+    rows = pd.read_csv(run_dir / "metrics.csv")
+    rows = rows[(rows["split"] == "dev") & (rows["metric"] == "accuracy")]
+    return rows.set_index("step")["value"]
+
+
+def target_inside(full: pd.Series) -> tuple[float, int]:
+    """A target the full run first reaches at an evaluation before its last, and that step."""
+    inside = full[(full.index > 0) & (full.index < STEPS)]
+    target = float(inside.max())
+    first = int(inside[inside >= target].index[0])
+    assert target > 0 and first < STEPS  # the test would not test anything otherwise
+    return target, first
+
+
+def test_stops_at_first_evaluation_reaching_target(tmp_path: Path, data) -> None:
+    full_dir, stop_dir = tmp_path / "full", tmp_path / "stop"
+    train(config(steps=STEPS, eval_every=EVERY, lr=1e-2), full_dir, datasets=data)
+    target, first = target_inside(dev_accuracy(full_dir))
+
+    status = train(
+        config(steps=STEPS, eval_every=EVERY, lr=1e-2, stop_at_accuracy=target),
+        stop_dir,
+        datasets=data,
+    )
+    assert status["state"] == "done"
+    assert status["step"] == first and status["total_steps"] == STEPS
+    assert f"at step {first} of {STEPS}" in status["stopped_early"]
+    assert (stop_dir / "model.safetensors").exists()
+    # Up to the stop, every metric row is the full run's, bit for bit; nothing after it.
+    full = pd.read_csv(full_dir / "metrics.csv")
+    stopped = pd.read_csv(stop_dir / "metrics.csv")
+    assert stopped["step"].max() == first
+    pd.testing.assert_frame_equal(stopped, full[full["step"] <= first].reset_index(drop=True))
+    # A finished early run is skipped when asked again, not trained on.
+    again = train(
+        config(steps=STEPS, eval_every=EVERY, lr=1e-2, stop_at_accuracy=target),
+        stop_dir,
+        datasets=data,
+    )
+    assert again["step"] == first
+    assert len(pd.read_csv(stop_dir / "metrics.csv")) == len(stopped)
+
+
+def test_target_never_reached_trains_every_step(tmp_path: Path, data) -> None:
+    status = train(
+        config(steps=8, eval_every=EVERY, lr=1e-2, stop_at_accuracy=1.0),
+        tmp_path / "run",
+        datasets=data,
+    )
+    assert dev_accuracy(tmp_path / "run").max() < 1.0  # precondition: 8 steps do not learn
+    assert status["step"] == 8 and "stopped_early" not in read_status(tmp_path / "run")
+
+
+def test_group_member_stops_alone(tmp_path: Path, data, spy: StackSpy) -> None:  # noqa: F811
+    """In a stack, a member that reaches the target leaves it at that evaluation (as its
+    own run would stop); the other trains on; both folders equal their one-by-one runs."""
+    fast, slow = {"lr": 1e-2, "seed": 0}, {"lr": 1e-4, "seed": 1}
+    probe = tmp_path / "probe"
+    train(config(steps=STEPS, eval_every=EVERY, **fast), probe, datasets=data)
+    target, first = target_inside(dev_accuracy(probe))
+    cfgs = [
+        config(steps=STEPS, eval_every=EVERY, stop_at_accuracy=target, **fast),
+        config(steps=STEPS, eval_every=EVERY, stop_at_accuracy=target, **slow),
+    ]
+    group = spied_group(spy, cfgs, [tmp_path / "g0", tmp_path / "g1"], datasets=data, use_vmap=True)
+    single = [train(cfg, tmp_path / f"s{i}", datasets=data) for i, cfg in enumerate(cfgs)]
+    assert single[0]["step"] == first and single[1]["step"] == STEPS  # the slow one never stops
+    assert [s["step"] for s in group] == [first, STEPS]
+    assert "stopped_early" in group[0] and "stopped_early" not in group[1]
+    spy.assert_stacked(STEPS, [2] * first + [1] * (STEPS - first))
+    for i in range(2):
+        assert_same_run(tmp_path / f"g{i}", tmp_path / f"s{i}")

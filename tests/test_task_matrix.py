@@ -51,6 +51,10 @@ def test_the_task_axis_needs_a_preset_base() -> None:
 def test_reproduce_task_matrix_tasks_and_archs() -> None:
     experiment, spec = reproduce_spec("task-matrix", "quick")
     assert spec.grid == {"task": MATRIX_TASKS, "model.architecture": _archs()}
+    # Every cell stops at zoology's 0.99 dev accuracy; --set trains every step instead.
+    assert {cfg.training.stop_at_accuracy for _, cfg in plan_runs(spec)} == {0.99}
+    _, spec = reproduce_spec("task-matrix", "quick", sets=["training.stop_at_accuracy=null"])
+    assert {cfg.training.stop_at_accuracy for _, cfg in plan_runs(spec)} == {None}
     assert len(expand(spec)) == len(MATRIX_TASKS) * 7
     assert report_figures(experiment, spec) == (
         "ar-restore",

@@ -188,6 +188,8 @@ def _archs() -> list[str]:
 #: The tasks of the task x architecture matrix by default: the AR family, whose quick presets
 #: train in seconds to minutes each (ATR's take far longer: add it with --tasks).
 MATRIX_TASKS = ["ar", "noisy_ar", "overwrite_ar", "mqar", "compositional_mqar"]
+#: the matrix's runs stop at this dev accuracy (zoology's ``early_stopping_threshold``)
+MATRIX_STOP_AT = 0.99
 
 
 def switchable(arch: str) -> bool:
@@ -322,6 +324,10 @@ def _catalog() -> dict[str, Experiment]:
             "ar",
             {TASK_AXIS: MATRIX_TASKS, "model.architecture": archs},
             (),
+            # zoology's early stopping (its MQAR recipe): a cell that has learned its task
+            # stops there instead of training on; `--set training.stop_at_accuracy=null`
+            # trains every step
+            fixed={"training.stop_at_accuracy": MATRIX_STOP_AT},
             matrix="task",
         ),
         Experiment(

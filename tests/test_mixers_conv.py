@@ -79,13 +79,24 @@ def test_fft_conv_equals_direct_and_naive_causal_conv(t: int, klen: int, seed: i
     )
 
 
-def test_toeplitz_conv_gradients_match_direct() -> None:
+@pytest.mark.parametrize("upstream", ["dense", "expanded"])
+def test_toeplitz_conv_gradients_match_direct(upstream: str) -> None:
+    """Also when the gradient arriving at the conv is an expanded, permuted tensor, as H3's
+    per-head sum (``(y.view(b, t, h, p, p) * q).sum(3)``) hands it back."""
     g = gen(15)
-    u = torch.randn(3, 9, 4, generator=g, dtype=torch.float64, requires_grad=True)
-    k = torch.randn(4, 12, generator=g, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(3, 9, 4, generator=g, dtype=torch.float64)
-    ref = torch.autograd.grad((direct_causal_conv(u, k) * w).sum(), (u, k))
-    new = torch.autograd.grad((toeplitz_causal_conv(u, k) * w).sum(), (u, k))
+    u = torch.randn(3, 9, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(8, 12, generator=g, dtype=torch.float64, requires_grad=True)
+    q = torch.randn(3, 9, 2, 2, 1, generator=g, dtype=torch.float64)
+    w = torch.randn(3, 9, 2, 2, generator=g, dtype=torch.float64)
+    w_dense = torch.randn(3, 9, 8, generator=g, dtype=torch.float64)
+
+    def loss(y: torch.Tensor) -> torch.Tensor:
+        if upstream == "dense":
+            return (y * w_dense).sum()
+        return ((y.view(3, 9, 2, 2, 2) * q).sum(3) * w).sum()
+
+    ref = torch.autograd.grad(loss(direct_causal_conv(u, k)), (u, k))
+    new = torch.autograd.grad(loss(toeplitz_causal_conv(u, k)), (u, k))
     for a, b in zip(new, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 

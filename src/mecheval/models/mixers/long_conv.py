@@ -90,35 +90,7 @@ def toeplitz_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     # explicit copy matters: given strided operands, bmm falls back to one small product
     # (and a clone) per channel.
     ut = u.permute(2, 0, 1).contiguous()
-    return _ChannelProduct.apply(ut, toeplitz.transpose(-1, -2))
-
-
-class _ChannelProduct(torch.autograd.Function):
-    """``(a [C, B, T] @ b [C, T, T]).permute(1, 2, 0)`` with the same product's gradient, but
-    taken from a contiguous copy of the incoming gradient: that gradient arrives in whatever
-    strides the ops after the conv left (H3's per-head sum hands back an expanded one), and
-    given those bmm falls back to one small product and a clone per channel (768 of them in
-    one H3 step at T = 24)."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return torch.matmul(a, b).permute(-2, -1, -3)
-
-    @staticmethod
-    def setup_context(
-        ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: torch.Tensor
-    ) -> None:
-        ctx.save_for_backward(*inputs)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        a, b = ctx.saved_tensors
-        grad = grad.permute(-1, -3, -2).contiguous()  # [C, B, T]
-        grad_a = torch.matmul(grad, b.transpose(-1, -2)) if ctx.needs_input_grad[0] else None
-        grad_b = torch.matmul(a.transpose(-1, -2), grad) if ctx.needs_input_grad[1] else None
-        return grad_a, grad_b
+    return torch.matmul(ut, toeplitz.transpose(-1, -2)).permute(1, 2, 0)
 
 
 #: Longest sequence for which :func:`causal_long_conv` builds the Toeplitz matrix on a CPU.

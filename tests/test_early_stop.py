@@ -96,3 +96,29 @@ def test_group_member_stops_alone(tmp_path: Path, data, spy: StackSpy) -> None: 
     spy.assert_stacked(STEPS, [2] * first + [1] * (STEPS - first))
     for i in range(2):
         assert_same_run(tmp_path / f"g{i}", tmp_path / f"s{i}")
+
+
+def test_a_sweep_says_where_a_run_stopped(tmp_path: Path) -> None:
+    """The run's outcome (the line a sweep prints when it ends) and the results table's
+    reason say at which step it stopped; a run that trains to the end says nothing."""
+    from small_runs import SWEEP_BASE
+
+    from mecheval.experiments.grid import SweepSpec
+    from mecheval.experiments.runners import run_sweep
+    from mecheval.experiments.store import load_results
+
+    spec = SweepSpec(
+        name="s",
+        base={**SWEEP_BASE, "training": {**SWEEP_BASE["training"], "lr": 1e-2}},
+        grid={"training.stop_at_accuracy": [0.01, 1.0]},
+    )
+    outcomes = run_sweep(spec, tmp_path)
+    stopped, full = outcomes
+    total = SWEEP_BASE["training"]["steps"]
+    every = SWEEP_BASE["training"]["eval_every"]
+    assert stopped.state == full.state == "done"
+    assert stopped.reason.startswith(f"stopped at step {every} of {total}: dev accuracy ")
+    assert full.reason == ""
+    table = load_results(tmp_path / "s")
+    reasons = table.groupby("run")["reason"].first()
+    assert reasons[stopped.name] == stopped.reason and reasons[full.name] == ""

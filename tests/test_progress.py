@@ -77,6 +77,21 @@ def test_sweep_eta_prices_running_and_unstarted_runs_at_the_sweep_s_pace() -> No
     assert tracker.over == 2
 
 
+def test_sweep_eta_prices_unstarted_runs_by_the_share_the_runs_over_trained() -> None:
+    """Runs that stop early (training.stop_at_accuracy) make the unstarted ones' estimate
+    the share of their steps the finished runs needed, not their last step."""
+    clock = FakeClock()
+    tracker = SweepTracker(total_runs=3, clock=clock)
+    tracker.progress(RunProgress("a", 0, 100))
+    clock.now += 10
+    tracker.progress(RunProgress("a", 25, 100))  # stops early here: 25 of its 100 steps
+    tracker.finish(done("a"))
+    tracker.progress(RunProgress("b", 0, 100))
+    # 25 steps in 10 s; left: b's 100 (a running run counts to its end) and one run not
+    # started at 100 steps x 25 / 100.
+    assert tracker.sweep_eta() == pytest.approx((100 + 25) / 2.5)
+
+
 def test_a_run_s_pace_is_from_when_its_events_were_sent_not_read() -> None:
     tracker = SweepTracker(total_runs=1, clock=FakeClock())
     # The parent reads a worker's queue in batches: these two arrive at the same moment.

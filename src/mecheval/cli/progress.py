@@ -156,8 +156,10 @@ class SweepTracker:
 
     A run's ETA is its steps left at its own measured pace. The sweep's is the steps left of
     every run (the running ones', plus the runs not started at the mean steps of the runs
-    seen) at the whole sweep's pace: steps trained per second since the first step, across
-    all workers, so interventions and parallel workers are priced in as measured."""
+    seen, times the share of their steps that the runs over trained: below 1 where runs stop
+    early at ``training.stop_at_accuracy``) at the whole sweep's pace: steps trained per
+    second since the first step, across all workers, so interventions and parallel workers
+    are priced in as measured. A running run's steps left are counted to its last step."""
 
     def __init__(self, total_runs: int, clock: Clock = time.monotonic) -> None:
         self.total_runs = total_runs
@@ -167,6 +169,7 @@ class SweepTracker:
         self.running: dict[str, _Running] = {}
         self.over = 0
         self.steps_over = 0  # steps trained by runs already over
+        self.planned_over = 0  # the steps those runs had left when first seen
         self.seen_steps = 0  # the steps (totals) of every run seen, and their count
         self.seen_runs = 0
 
@@ -192,6 +195,7 @@ class SweepTracker:
         if run is None:
             return None
         self.steps_over += run.step - run.first
+        self.planned_over += run.total - run.first
         return self.clock() - run.since
 
     def _pop(self, name: str) -> _Running | None:
@@ -213,7 +217,8 @@ class SweepTracker:
         left = sum(r.total - r.step for r in self.running.values())
         not_started = self.total_runs - self.over - sum(r.runs for r in self.running.values())
         if not_started > 0 and self.seen_runs:
-            left += not_started * self.seen_steps / self.seen_runs
+            share = self.steps_over / self.planned_over if self.planned_over else 1.0
+            left += not_started * self.seen_steps / self.seen_runs * share
         return eta_seconds(trained, left, self.clock() - self.first_event)
 
     def running_now(self) -> list[tuple[str, int, int, float | None]]:

@@ -28,6 +28,7 @@ from typing import Any
 from mecheval.errors import ConfigError
 from mecheval.experiments.grid import RunSpec, SweepSpec, expand
 from mecheval.experiments.mechanisms import InterventionPlan
+from mecheval.experiments.store import status_reason
 from mecheval.models.registry import plugin_paths
 from mecheval.training.config import RunConfig, config_from_data, resolve
 from mecheval.training.folder import STATUS_FILE, is_finished, peek_status
@@ -233,7 +234,7 @@ def _finish(job: Job, run_dir: Path, before: Mapping[str, Any] | None, crash: st
     return Outcome(
         job.name,
         str(status.get("state")),
-        str(status.get("reason") or ""),
+        status_reason(status),
         dict(status.get("metrics") or {}),
         skipped,
         label,

@@ -282,8 +282,8 @@ class Trainer:
             return {}
         accuracy = self.last_results["dev"]["accuracy"]
         return {
-            "stopped_early": f"dev accuracy {accuracy:.4f} >= training.stop_at_accuracy="
-            f"{self.t.stop_at_accuracy:g} at step {self.step} of {self.total}"
+            "stopped_early": f"stopped at step {self.step} of {self.total}: dev accuracy "
+            f"{accuracy:.4f} >= training.stop_at_accuracy {self.t.stop_at_accuracy:g}"
         }
 
     def run(self, clock: Callable[[], float] = time.perf_counter) -> dict[str, dict[str, float]]:

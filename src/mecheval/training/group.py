@@ -162,7 +162,6 @@ class GroupTrainer:
         self.step = 0
         self.live = list(range(len(self.members)))  # members still training, in stack order
         self.failed: dict[int, Diverged] = {}
-        self.stopped: set[int] = set()  # members done early at training.stop_at_accuracy
         # A private copy is the shell every functional call runs through: functional_call
         # restores a module reachable under two names (the implicit filter's shared Sin) in
         # the wrong order and leaves a vmapped tensor in it, so it must not be a member's model.
@@ -314,13 +313,17 @@ class GroupTrainer:
     def fail(self, slots: Sequence[int], errors: Sequence[Diverged]) -> None:
         """Record the members in stack ``slots`` as diverged and take them off the stack."""
         for j, err in zip(slots, errors, strict=True):
-            self.failed[self.live[j]] = err
-            self.members[self.live[j]].metrics.flush()
+            self.record_failure(j, err)
         self.take_off(slots)
+
+    def record_failure(self, slot: int, err: Diverged) -> None:
+        self.failed[self.live[slot]] = err
+        self.members[self.live[slot]].metrics.flush()
 
     def take_off(self, slots: Sequence[int]) -> None:
         """Remove stack ``slots`` from the stack (their members keep their last sync)."""
-        keep = [j for j in range(len(self.live)) if j not in set(slots)]
+        dropped = set(slots)
+        keep = [j for j in range(len(self.live)) if j not in dropped]
         self._index = torch.tensor(keep, dtype=torch.long, device=self.device)
         self.params = {n: p[self._index] for n, p in self.params.items()}
         self.buffers = {n: b[self._index] for n, b in self.buffers.items()}
@@ -373,12 +376,10 @@ class GroupTrainer:
                 continue
             if self.step > 0 and member.reached_target():
                 reached.append(j)
-        self.stopped.update(self.live[j] for j in reached)
-        if diverged:
-            self.fail([j for j, _ in diverged], [err for _, err in diverged])
-            reached = [j - sum(d < j for d, _ in diverged) for j in reached]
-        if reached:
-            self.take_off(reached)
+        for j, err in diverged:
+            self.record_failure(j, err)
+        if diverged or reached:
+            self.take_off([j for j, _ in diverged] + reached)
 
     def save_checkpoints(self, start: float) -> None:
         """Each live member's checkpoint in the single-run format, so ``train()`` resumes it."""
@@ -403,7 +404,7 @@ class GroupTrainer:
 
     def run(self, start: float | None = None) -> None:
         """Train every member to the end, to its divergence (see :attr:`failed`) or to its
-        ``training.stop_at_accuracy`` (see :attr:`stopped`)."""
+        ``training.stop_at_accuracy``."""
         start = time.perf_counter() if start is None else start
         self.reporter.start(self.total, self.step)
         try:

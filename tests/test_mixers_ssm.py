@@ -51,7 +51,9 @@ def scan_inputs(seed: int, length: int, dtype=torch.float32, batch=2, channels=6
 
 
 @pytest.mark.parametrize(("length", "seed"), [(1, 0), (37, 1), (70, 2), (53, 3)])
-def test_selective_scan_matches_reference(length: int, seed: int) -> None:
+def test_selective_scan_matches_reference(
+    length: int, seed: int, kernel_path: str, native_calls: list
+) -> None:
     args = [a.requires_grad_() for a in scan_inputs(seed, length)]
     fast = selective_scan(*args)
     ref = selective_scan_reference(*args)
@@ -63,10 +65,12 @@ def test_selective_scan_matches_reference(length: int, seed: int) -> None:
     g_ref = torch.autograd.grad((ref * w).sum(), args)
     for a, b in zip(g_fast, g_ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    expected = ["scan_forward", "scan_backward"] if kernel_path == "native" else []
+    assert native_calls == expected
 
 
 @pytest.mark.parametrize(("length", "seed"), [(1, 4), (2, 5), (11, 6), (37, 7)])
-def test_selective_scan_gradients_match_reference(length: int, seed: int) -> None:
+def test_selective_scan_gradients_match_reference(length: int, seed: int, kernel_path) -> None:
     inputs = [x.requires_grad_() for x in scan_inputs(seed, length, dtype=torch.float64)]
     w = torch.randn(2, length, 6, generator=gen(seed + 100), dtype=torch.float64)
     got = torch.autograd.grad((selective_scan(*inputs) * w).sum(), inputs)

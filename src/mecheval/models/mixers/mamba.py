@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
-from mecheval.models import kernels
+from mecheval.models import kernels, native
 from mecheval.models.mixers.base import Mixer, ShortConv
 
 
@@ -101,6 +101,8 @@ def selective_scan(
     fused = kernels.selective_scan(x, delta, A, B, C, D)
     if fused is not None:
         return fused
+    if native.for_training("selective_scan", x, delta, A, B, C) is not None:
+        return _NativeScan.apply(*(t.contiguous() for t in (x, delta, A, B, C))) + x * D
     xt = x.transpose(0, 1)
     dt = delta.transpose(0, 1).contiguous()
     u = (dt * xt).contiguous()
@@ -192,6 +194,29 @@ class _SelectiveScan(torch.autograd.Function):
             g = g_decayed
         dA = torch.zeros_like(A) if dA is None else dA.sum(0)
         return torch.stack(du), torch.stack(dd), dA, torch.stack(dB), torch.stack(dC)
+
+
+class _NativeScan(torch.autograd.Function):
+    """The selective scan without D (x, delta [batch, T, D]; A [D, N]; B, C [batch, T, N],
+    all contiguous) by ``csrc/selective_scan.c``: the forward keeps nothing but its inputs,
+    the backward recomputes each row's states in C and returns every gradient."""
+
+    @staticmethod
+    def forward(ctx, x, delta, A, B, C):  # type: ignore[override]
+        lib = native.library("selective_scan", x.dtype)
+        y = torch.empty_like(x)
+        native.call(lib.scan_forward, *x.shape, A.shape[1], x, delta, A, B, C, y)
+        ctx.save_for_backward(x, delta, A, B, C)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):  # type: ignore[override]
+        x, delta, A, B, C = ctx.saved_tensors
+        lib = native.library("selective_scan", x.dtype)
+        grads = [torch.empty_like(t) for t in (x, delta, A, B, C)]
+        inputs = (x, delta, A, B, C, gy.contiguous())
+        native.call(lib.scan_backward, *x.shape, A.shape[1], *inputs, *grads)
+        return tuple(grads)
 
 
 class Mamba(Mixer):

@@ -28,6 +28,7 @@ from mecheval.models.mixers.h3 import (
 from mecheval.models.mixers.long_conv import (
     ImplicitFilter,
     ImplicitLongConv,
+    causal_long_conv,
     direct_causal_conv,
     fft_causal_conv,
     positional_features,
@@ -99,6 +100,21 @@ def test_toeplitz_conv_gradients_match_direct(upstream: str) -> None:
     new = torch.autograd.grad(loss(toeplitz_causal_conv(u, k)), (u, k))
     for a, b in zip(new, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(("t", "klen"), [(1, 5), (9, 9), (13, 4), (35, 1024)])
+def test_training_long_conv_equals_the_naive_sum(
+    t: int, klen: int, kernel_path: str, native_calls: list
+) -> None:
+    """What a training step runs (the C kernel where built, else the Toeplitz product) against
+    the explicit Toeplitz matrix in float64: outputs, and both gradients by finite differences
+    (kernels longer and shorter than the sequence, as H3's d_state-long shift kernel)."""
+    g = gen(17)
+    u = torch.randn(2, t, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(5, klen, generator=g, dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close(causal_long_conv(u, k), naive_causal_conv(u, k))
+    assert torch.autograd.gradcheck(causal_long_conv, (u, k))
+    assert ("long_conv_backward" in native_calls) == (kernel_path == "native")
 
 
 @pytest.mark.parametrize(("kernel_size", "bias"), [(1, True), (3, True), (4, False)])
@@ -355,29 +371,64 @@ def test_h3_multi_head_outer_product() -> None:
 
 
 @pytest.mark.parametrize("lags", [1, 5, 12])
-def test_shift_kernel_direct_equals_its_sum_and_gradients(lags: int) -> None:
-    """The conv1d form and its hand-written gradients against the definition,
-    K[j] = sum_m B[m] C[m + j] (C zero beyond N), written as one product-sum per lag."""
+def test_shift_kernel_direct_equals_its_sum_and_gradients(
+    lags: int, kernel_path: str, native_calls: list
+) -> None:
+    """Both forms (the conv1d one with its hand-written gradients; the C kernel) against the
+    definition, K[j] = sum_m B[m] C[m + j] (C zero beyond N), written as one product-sum per
+    lag; gradients by finite differences."""
     g = torch.Generator().manual_seed(4)
     b = torch.randn(3, 12, generator=g, dtype=torch.float64, requires_grad=True)
     c = torch.randn(3, 12, generator=g, dtype=torch.float64, requires_grad=True)
     expected = torch.stack([(b[:, : 12 - j] * c[:, j:]).sum(-1) for j in range(lags)], 1)
     torch.testing.assert_close(shift_kernel_direct(b, c, lags), expected)
     assert torch.autograd.gradcheck(lambda b, c: shift_kernel_direct(b, c, lags), (b, c))
+    assert ("shift_kernel_backward" in native_calls) == (kernel_path == "native")
 
 
 @pytest.mark.parametrize("length", [1, 2, 7, 16, 35])
-def test_vandermonde_equals_its_sum_and_gradients(length: int) -> None:
-    """Baby step, giant step and its written-out gradient against the definition,
-    K[l] = 2 Re sum_n cb_n exp(l w_n), in float64 (lengths on and off the m x m grid)."""
+def test_vandermonde_equals_its_sum_and_gradients(
+    length: int, kernel_path: str, native_calls: list
+) -> None:
+    """Both forms (baby step, giant step with its written-out gradient; the C kernel's
+    running powers) against the definition, K[l] = 2 Re sum_n cb_n exp(l w_n), in float64
+    (lengths on and off the m x m grid), gradients by finite differences."""
     g = torch.Generator().manual_seed(5)
-    cb_re, cb_im, w_im = (torch.randn(2, 3, 6, generator=g, dtype=torch.float64) for _ in "abc")
-    w_re = -torch.rand(2, 3, 6, generator=g, dtype=torch.float64)
+    cb_re, cb_im, w_im = (torch.randn(3, 6, generator=g, dtype=torch.float64) for _ in "abc")
+    w_re = -torch.rand(3, 6, generator=g, dtype=torch.float64)
     powers = torch.exp(torch.complex(w_re, w_im).unsqueeze(-1) * torch.arange(length))
     expected = 2 * (torch.complex(cb_re, cb_im).unsqueeze(-1) * powers).sum(-2).real
-    torch.testing.assert_close(vandermonde(cb_re, cb_im, w_re, w_im, length), expected)
     inputs = tuple(x.requires_grad_() for x in (cb_re, cb_im, w_re, w_im))
+    torch.testing.assert_close(vandermonde(*inputs, length), expected)
     assert torch.autograd.gradcheck(lambda *x: vandermonde(*x, length), inputs)
+    assert ("vandermonde_backward" in native_calls) == (kernel_path == "native")
+
+
+def test_vandermonde_batched_leading_dims() -> None:
+    """[..., N] inputs (the PyTorch form's batching) against the 2-D call per row."""
+    g = torch.Generator().manual_seed(6)
+    cb_re, cb_im, w_im = (torch.randn(2, 3, 6, generator=g, dtype=torch.float64) for _ in "abc")
+    w_re = -torch.rand(2, 3, 6, generator=g, dtype=torch.float64)
+    both = vandermonde(cb_re, cb_im, w_re, w_im, 9)
+    for i in range(2):
+        torch.testing.assert_close(both[i], vandermonde(cb_re[i], cb_im[i], w_re[i], w_im[i], 9))
+
+
+@pytest.mark.parametrize("d_state", [64, 1024])
+def test_vandermonde_float32_at_the_paper_angles(d_state: int) -> None:
+    """At d_state 1024 the angles l Im w reach thousands of radians: the training kernel
+    (C's float64 powers where built, else baby step, giant step in float32) stays within
+    float32 rounding of the float64 definition on a freshly initialised H3 kernel."""
+    torch.manual_seed(0)
+    ssm = DiagSSMKernel(4, d_state)
+    with torch.enable_grad():
+        got = ssm(35)
+    with torch.no_grad():
+        ssm64 = DiagSSMKernel(4, d_state).double()
+        ssm64.load_state_dict({k: v.double() for k, v in ssm.state_dict().items()})
+        expected = ssm64(35)
+    scale = float(expected.abs().max())
+    torch.testing.assert_close(got.detach().double(), expected, rtol=0, atol=2e-4 * scale)
 
 
 def test_shift_ssm_init_is_a_conv_with_kernel_c() -> None:

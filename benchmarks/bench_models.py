@@ -5,7 +5,9 @@ computes it) for every registered architecture, and prints each one's time as a 
 against attention measured in the same run. ``--bf16`` also times the same step under the
 ``training.precision: bf16`` autocast and prints the fp32/bf16 speed ratio (> 1: bf16 faster);
 ``--fused`` (CUDA, with ``mecheval[cuda]``) does the same for ``training.kernels: fused``, and
-``--compile`` for ``training.compile`` (the first, compiling step is timed apart).
+``--compile`` for ``training.compile`` (the first, compiling step is timed apart), and
+``--pytorch-forms`` for the PyTorch forms of the C kernels (``MECHEVAL_NATIVE=0``, what runs
+without a C compiler; models/native.py): the column is their time over the default's.
 
 ``--adamw`` adds the optimizer step, so a step is what training does (issue #17's "forward +
 backward + AdamW"). ``--flops`` counts each step's matrix arithmetic (matmuls, convolutions,
@@ -15,14 +17,17 @@ start of the same run: how far each architecture's step is from the hardware's l
 how much of it is not matrix arithmetic at all.
 
     python benchmarks/bench_models.py [--widths 64 256] [--batch 32] [--length 70] [--threads 1]
-        [--device cpu|cuda] [--bf16] [--fused] [--compile] [--adamw] [--flops]
+        [--device cpu|cuda] [--bf16] [--fused] [--compile] [--pytorch-forms] [--adamw] [--flops]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
 import time
+from collections.abc import Iterator
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -87,6 +92,20 @@ def time_step(
     return statistics.median(times), count_parameters(model), flops
 
 
+@contextlib.contextmanager
+def pytorch_forms() -> Iterator[None]:
+    """Within: the C kernels are off (models/native.py reads the switch at every call)."""
+    saved = os.environ.get("MECHEVAL_NATIVE")
+    os.environ["MECHEVAL_NATIVE"] = "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["MECHEVAL_NATIVE"]
+        else:
+            os.environ["MECHEVAL_NATIVE"] = saved
+
+
 def matmul_throughput(device: str, size: int = 1024, repeats: int = 10) -> float:
     """FLOP/s of a [size, size] @ [size, size] float32 matmul on this device and thread count:
     the roof the --flops column is read against."""
@@ -113,6 +132,9 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true", help="also time bf16 autocast")
     parser.add_argument("--fused", action="store_true", help="also time the fused kernels")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile")
+    parser.add_argument(
+        "--pytorch-forms", action="store_true", help="also time without the C kernels"
+    )
     parser.add_argument("--adamw", action="store_true", help="include the AdamW step")
     parser.add_argument("--flops", action="store_true", help="matrix FLOPs against a matmul")
     parser.add_argument("--arch", nargs="*", default=None, help="default: every architecture")
@@ -131,7 +153,8 @@ def main() -> None:
     header += f" {'GFLOP':>7} {'GFLOP/s':>8} {'% roof':>7}" if args.flops else ""
     header += f" {'bf16 ms':>9} {'fp32/bf16':>10}" if args.bf16 else ""
     header += f" {'fused ms':>9} {'ref/fused':>10}" if args.fused else ""
-    print(header + (f" {'comp. ms':>9} {'eager/comp':>10}" if args.compile else ""))
+    header += f" {'comp. ms':>9} {'eager/comp':>10}" if args.compile else ""
+    print(header + (f" {'PyTorch ms':>10} {'PyTorch/C':>10}" if args.pytorch_forms else ""))
     for d in args.widths:
         base = time_step("attention", d, args)[0]
         for arch in archs:
@@ -149,6 +172,10 @@ def main() -> None:
             if args.compile:
                 comp = time_step(arch, d, args, compiled=True)[0]
                 line += f" {comp * 1e3:>9.2f} {t / comp:>10.2f}"
+            if args.pytorch_forms:
+                with pytorch_forms():
+                    plain = time_step(arch, d, args)[0]
+                line += f" {plain * 1e3:>10.2f} {plain / t:>10.2f}"
             print(line, flush=True)
 
 

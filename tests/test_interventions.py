@@ -289,6 +289,33 @@ def test_site_inside_a_mixer_is_patched_at_the_right_position() -> None:
     assert torch.equal(patched[site][untouched], base_conv[untouched])
 
 
+@pytest.mark.parametrize("arch", ["attention", "mamba"])
+def test_patches_that_cannot_reach_the_query_are_not_run(arch: str, monkeypatch) -> None:
+    """After the last block's mixer every step is per position, so a patch at the key or
+    value changes nothing the head reads: those rows are the corrupted run, exactly, and no
+    block or head runs for them beyond the original and corrupted runs. At the query the
+    same sites do move p(answer)."""
+    model = tiny(arch)
+    original, corrupted = ar_pair()
+    sites = ["layers.1.mixer.output", "layers.1.output", "final_norm.input"]
+    calls = []
+    for owner, name in [(model, "head"), *((layer, "forward_from") for layer in model.layers)]:
+        real = getattr(owner, name)
+
+        def spy(*args, _real=real, _name=name, **kwargs):
+            calls.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, spy)
+    out = interchange(model, original, corrupted, sites=sites, roles=["key", "value"])
+    assert calls == ["head", "head"]  # the original and the corrupted run
+    rows = out.per_example
+    assert (rows.restored == rows.corrupted).all() and len(rows) == 3 * 2 * len(original)
+    at_query = interchange(model, original, corrupted, sites=sites, roles=["query"])
+    assert len(calls) > 4
+    assert (at_query.per_example.restored != at_query.per_example.corrupted).any()
+
+
 def test_patch_removes_its_hook_even_when_the_forward_fails() -> None:
     model = tiny("attention")
     site = model.get_submodule("layers.0.input")

@@ -218,6 +218,13 @@ def _resume_inside(
     return logits
 
 
+def _past_last_mixer(model: LanguageModel, site: str) -> bool:
+    """Whether ``site`` comes after the last block's mixer: a patch there changes its own
+    position only, up to the head."""
+    last = len(model.layers) - 1
+    return _in_last_block_tail(model, site) or site == layer_site(last, "mixer.output")
+
+
 def _in_last_block_tail(model: LanguageModel, site: str) -> bool:
     last = len(model.layers) - 1
     return site.startswith((layer_site(last, "mlp"), layer_site(last, "output"))) or (
@@ -288,9 +295,16 @@ def interchange(
             continue
         values = source[site][doc_of_row, src_pos]
         # Where the source equals what the corrupted run already has (e.g. every position
-        # but the key before any mixing), the patched run *is* the corrupted run.
+        # but the key before any mixing), the patched run *is* the corrupted run; so it is
+        # where the patch cannot reach the query: a later position, or another position
+        # after the last mixing step (what follows it is per position).
         scores = s_corr[:, doc_of_row].clone()
-        todo = (values != base[site][doc_of_row, dst_pos]).flatten(1).any(1).nonzero()[:, 0]
+        todo = (values != base[site][doc_of_row, dst_pos]).flatten(1).any(1)
+        query_of_row = corrupted.query[doc_of_row]
+        reaches = (
+            dst_pos == query_of_row if _past_last_mixer(model, site) else dst_pos <= query_of_row
+        )
+        todo = (todo & reaches).nonzero()[:, 0]
         start, first, direct = restarts[site]
         tail = not _in_last_block_tail(model, site)
         for lo in range(0, len(todo), max_batch):

@@ -438,10 +438,18 @@ class H3(Mixer):
         h, p = self.n_heads, self.head_dim
         q, k, v = self.q_proj(u), self.k_proj(u), self.v_proj(u)
         k = self.conv(k)
-        # Outer product per head: channel (h, i, j) = k'[h, i] * v[h, j].
-        kv = k.view(b, t, h, p, 1) * v.view(b, t, h, 1, p)
-        kernel = self.ssm(min(t, self.l_max)).repeat_interleave(p * p, dim=0)
-        kv = kv.reshape(b, t, h * p * p)
-        y = causal_long_conv(kv, kernel) + kv * self.D.repeat_interleave(p * p)
-        y = (y.view(b, t, h, p, p) * q.view(b, t, h, p, 1)).sum(3)  # [B, T, h, j]
-        return self.output_linear(y.transpose(2, 3).reshape(b, t, d))
+
+        def by_head(x: torch.Tensor) -> torch.Tensor:
+            return x.view(b, t, h, p).transpose(2, 3)  # [B, T, p, h]: x[b, t, h * p + i]
+
+        # Outer product per head, channels laid out (i, j, head): channel (i, j, h) =
+        # k'[h, i] * v[h, j]. With the head innermost, the products and the sum over i run
+        # over contiguous memory (laid out (h, i, j), a 2 x 2 trailing block, they took a
+        # quarter of H3's training step); each channel is convolved with its head's kernel.
+        kv = by_head(k).unsqueeze(3) * by_head(v).unsqueeze(2)  # [B, T, i, j, h]
+        kernel = self.ssm(min(t, self.l_max)).repeat(p * p, 1)
+        kv = kv.reshape(b, t, p * p * h)
+        y = causal_long_conv(kv, kernel) + kv * self.D.repeat(p * p)
+        y = (y.view(b, t, p, p, h) * by_head(q).unsqueeze(3)).sum(2)  # [B, T, j, h]
+        # Laid out (j, head), as zoology's output.
+        return self.output_linear(y.reshape(b, t, d))

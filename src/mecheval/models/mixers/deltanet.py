@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer, optional_conv
+from mecheval.models.mixers.decay import balanced_chunks
 
 
 class DeltaNetOptions(BaseModel):
@@ -47,7 +48,9 @@ class DeltaNetOptions(BaseModel):
     conv_bias: bool = False
     output_norm: bool = Field(True, description="RMSNorm of each head's output before o_proj")
     norm_eps: float = Field(1e-5, gt=0.0)
-    chunk_size: int = Field(16, ge=1, description="block length of the chunked parallel form")
+    chunk_size: int = Field(
+        64, ge=1, description="longest block of the chunked form (balanced; fla's chunks: 64)"
+    )
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -83,6 +86,46 @@ def delta_rule_recurrent(
     return (o, torch.stack(states, dim=1)) if keep else o
 
 
+class _UnitLowerInverse(torch.autograd.Function):
+    """T = (I + L)⁻¹ for strictly lower-triangular L [..., c, c] (entries on and above the
+    diagonal are not read), by one triangular solve against the identity.
+
+    Autograd through ``solve_triangular(I + L, rhs)`` costs a second triangular solve in the
+    backward pass (and, with a wide right-hand side, dominated the chunked rule's time); with
+    the inverse at hand the adjoint is two matmuls, dL = -(Tᵀ dT Tᵀ) below the diagonal.
+    ``generate_vmap_rule`` keeps it usable under torch.func (stacked training).
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(strict: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        eye = torch.eye(strict.shape[-1], dtype=strict.dtype, device=strict.device)
+        # LAPACK leaves the solution column-major; row-major keeps the matmuls on it fast.
+        return torch.linalg.solve_triangular(
+            strict, eye.expand_as(strict), upper=False, unitriangular=True
+        ).contiguous()
+
+    @staticmethod
+    def setup_context(
+        ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: torch.Tensor
+    ) -> None:
+        ctx.save_for_backward(output)
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+    ) -> torch.Tensor:
+        (inverse,) = ctx.saved_tensors  # type: ignore[attr-defined]
+        t = inverse.transpose(-1, -2)
+        return -(t @ grad @ t).tril(-1)
+
+
+def unit_lower_inverse(strict: torch.Tensor) -> torch.Tensor:
+    """(I + L)⁻¹ for the strictly lower-triangular part L of ``strict`` [..., c, c]."""
+    return _UnitLowerInverse.apply(strict)
+
+
 def delta_rule_chunked(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -103,8 +146,7 @@ def delta_rule_chunked(
     """
     b, h, length, d_k = k.shape
     d_v = v.shape[-1]
-    c = chunk_size
-    n = -(-length // c)
+    n, c = balanced_chunks(length, chunk_size)
     pad = n * c - length
     if pad:
         # Trailing zeros: β = 0 leaves the state untouched and the padded outputs are dropped;
@@ -115,13 +157,10 @@ def delta_rule_chunked(
     beta = beta.reshape(b, h, n, c, 1)
 
     k_beta = k * beta
-    strict = torch.ones(c, c, dtype=torch.bool, device=k.device).tril(-1)
-    system = torch.eye(c, dtype=k.dtype, device=k.device) + (k_beta @ k.transpose(-1, -2)) * strict
-    # One triangular solve gives both halves of U: u = T β V and w = T β K.
-    solved = torch.linalg.solve_triangular(
-        system, torch.cat([v * beta, k_beta], dim=-1), upper=False, unitriangular=True
-    )
-    u, w = solved.split([d_v, d_k], dim=-1)
+    # T = (I + L)⁻¹ once (above the diagonal L is not read), then both halves of U as one
+    # product: u = T β V and w = T β K.
+    inverse = unit_lower_inverse(k_beta @ k.transpose(-1, -2))
+    u, w = (inverse @ torch.cat([v * beta, k_beta], dim=-1)).split([d_v, d_k], dim=-1)
     causal = torch.ones(c, c, dtype=torch.bool, device=k.device).tril()
     scores = (q @ k.transpose(-1, -2)) * causal
 

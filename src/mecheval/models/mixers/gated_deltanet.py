@@ -39,7 +39,7 @@ from torch import nn
 
 from mecheval.models.mixers.base import Mixer, optional_conv
 from mecheval.models.mixers.decay import balanced_chunks, segment_sums
-from mecheval.models.mixers.deltanet import l2_normalize
+from mecheval.models.mixers.deltanet import l2_normalize, unit_lower_inverse
 from mecheval.models.mixers.mamba2 import GatedRMSNorm
 
 #: fla's init of A (uniform) and Δ (log-uniform, floored), hard-coded in its layer
@@ -97,46 +97,6 @@ def gated_delta_rule_recurrent(
         states.append(state)
     o = torch.stack(outs, dim=2)
     return (o, torch.stack(states, dim=1)) if keep else o
-
-
-class _UnitLowerInverse(torch.autograd.Function):
-    """T = (I + L)⁻¹ for strictly lower-triangular L [..., c, c] (entries on and above the
-    diagonal are not read), by one triangular solve against the identity.
-
-    Autograd through ``solve_triangular(I + L, rhs)`` costs a second triangular solve in the
-    backward pass (and, with a wide right-hand side, dominated the chunked rule's time); with
-    the inverse at hand the adjoint is two matmuls, dL = -(Tᵀ dT Tᵀ) below the diagonal.
-    ``generate_vmap_rule`` keeps it usable under torch.func (stacked training).
-    """
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(strict: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        eye = torch.eye(strict.shape[-1], dtype=strict.dtype, device=strict.device)
-        # LAPACK leaves the solution column-major; row-major keeps the matmuls on it fast.
-        return torch.linalg.solve_triangular(
-            strict, eye.expand_as(strict), upper=False, unitriangular=True
-        ).contiguous()
-
-    @staticmethod
-    def setup_context(
-        ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: torch.Tensor
-    ) -> None:
-        ctx.save_for_backward(output)
-
-    @staticmethod
-    def backward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
-    ) -> torch.Tensor:
-        (inverse,) = ctx.saved_tensors  # type: ignore[attr-defined]
-        t = inverse.transpose(-1, -2)
-        return -(t @ grad @ t).tril(-1)
-
-
-def unit_lower_inverse(strict: torch.Tensor) -> torch.Tensor:
-    """(I + L)⁻¹ for the strictly lower-triangular part L of ``strict`` [..., c, c]."""
-    return _UnitLowerInverse.apply(strict)
 
 
 def gated_delta_rule_chunked(

@@ -134,7 +134,8 @@ def delta_inputs(seed: int, length: int, heads: int = 2, d_k: int = 8, d_v: int 
 
 @pytest.mark.parametrize(
     ("length", "chunk", "seed"),
-    [(1, 16, 0), (37, 16, 1), (70, 16, 2), (70, 32, 3), (45, 7, 4), (32, 16, 5), (9, 1, 6)],
+    [(1, 16, 0), (37, 16, 1), (70, 16, 2), (70, 32, 3), (45, 7, 4), (32, 16, 5), (9, 1, 6)]
+    + [(35, 64, 7), (64, 64, 8)],  # one chunk, as at the default size
 )
 def test_delta_rule_chunked_matches_recurrent(length: int, chunk: int, seed: int) -> None:
     args = [a.requires_grad_() for a in delta_inputs(seed, length)]

@@ -158,19 +158,29 @@ def delta_rule_chunked(
 
     k_beta = k * beta
     # T = (I + L)⁻¹ once (above the diagonal L is not read), then both halves of U as one
-    # product: u = T β V and w = T β K.
+    # product: u = T β V and w = T β K. A chunk entered with S_0 = 0 (the first, without
+    # ``initial``) reads no w, and a single such chunk (T = 35 at the default size) none.
     inverse = unit_lower_inverse(k_beta @ k.transpose(-1, -2))
-    u, w = (inverse @ torch.cat([v * beta, k_beta], dim=-1)).split([d_v, d_k], dim=-1)
+    if n == 1 and initial is None:
+        u, w = inverse @ (v * beta), None
+    else:
+        u, w = (inverse @ torch.cat([v * beta, k_beta], dim=-1)).split([d_v, d_k], dim=-1)
     causal = torch.ones(c, c, dtype=torch.bool, device=k.device).tril()
     scores = (q @ k.transpose(-1, -2)) * causal
 
-    # Stored transposed (Sᵀ) so rows multiply on the left.
-    state = k.new_zeros(b, h, d_k, d_v) if initial is None else initial.transpose(-1, -2)
+    # Stored transposed (Sᵀ) so rows multiply on the left; None while it is zero.
+    state = None if initial is None else initial.transpose(-1, -2)
     outs = []
     for i in range(n):
-        u_i = u[:, :, i] - w[:, :, i] @ state
-        outs.append(q[:, :, i] @ state + scores[:, :, i] @ u_i)
-        state = state + k[:, :, i].transpose(-1, -2) @ u_i
+        if state is None:
+            u_i = u[:, :, i]
+            outs.append(scores[:, :, i] @ u_i)
+        else:
+            u_i = u[:, :, i] - w[:, :, i] @ state
+            outs.append(q[:, :, i] @ state + scores[:, :, i] @ u_i)
+        if i < n - 1:  # the state after the last chunk is not returned
+            written = k[:, :, i].transpose(-1, -2) @ u_i
+            state = written if state is None else state + written
     return torch.stack(outs, dim=2).reshape(b, h, n * c, d_v)[:, :, :length]
 
 

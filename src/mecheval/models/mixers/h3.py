@@ -440,7 +440,8 @@ class H3(Mixer):
         k = self.conv(k)
 
         def by_head(x: torch.Tensor) -> torch.Tensor:
-            return x.view(b, t, h, p).transpose(2, 3)  # [B, T, p, h]: x[b, t, h * p + i]
+            # [B, T, p, h]: x[b, t, h * p + i], copied so that the head index is contiguous.
+            return x.view(b, t, h, p).transpose(2, 3).contiguous()
 
         # Outer product per head, channels laid out (i, j, head): channel (i, j, h) =
         # k'[h, i] * v[h, j]. With the head innermost, the products and the sum over i run

@@ -38,7 +38,7 @@ SOURCES = Path(__file__).parent / "csrc"
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-std=c11")
 
 #: The kernels in csrc/, one source file each.
-KERNELS = ("selective_scan", "vandermonde", "long_conv", "shift_kernel")
+KERNELS = ("selective_scan", "vandermonde", "long_conv", "shift_kernel", "gla")
 
 #: dtype -> the build's suffix and extra flag.
 _BUILDS = {torch.float32: ("f32", ()), torch.float64: ("f64", ("-DREAL_DOUBLE",))}

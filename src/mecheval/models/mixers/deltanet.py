@@ -122,7 +122,11 @@ class _UnitLowerInverse(torch.autograd.Function):
 
 
 def unit_lower_inverse(strict: torch.Tensor) -> torch.Tensor:
-    """(I + L)⁻¹ for the strictly lower-triangular part L of ``strict`` [..., c, c]."""
+    """(I + L)⁻¹ for the strictly lower-triangular part L of ``strict`` [..., c, c], in float32
+    at least (LAPACK has no half-precision triangular solve; under a bf16 autocast the
+    products that build L come in as bf16)."""
+    if strict.dtype in (torch.float16, torch.bfloat16):
+        strict = strict.float()
     return _UnitLowerInverse.apply(strict)
 
 

@@ -20,8 +20,9 @@ Two implementations of the same function:
 :func:`causal_long_conv` is what the mixers call: on the CPU, where the intervention tests
 demand bitwise causality and the sequences are short, the Toeplitz product up to
 :data:`TOEPLITZ_MAX_LEN` positions and the direct form beyond (the [C, T, T] matrix grows
-quadratically); the FFT on a GPU, where speed matters (tests/test_mixers_conv.py checks all
-three compute the same function).
+quadratically), in a training step up to that length the direct sum in C
+(``csrc/long_conv.c``, models/native.py); the FFT on a GPU, where speed matters
+(tests/test_mixers_conv.py checks that they compute the same function).
 
 Two implicit filters parametrise the kernel, each as the paper's code builds it:
 

@@ -12,9 +12,11 @@ trains through zoology; Table 1(f) defaults.
 ``d_conv=None`` removes the convolution entirely (the paper's "no conv" ablation, §4.3, §5.3):
 no ``conv`` submodule and no ``mixer.conv.output`` site, x goes straight into the SiLU.
 
-The selective scan has two implementations: :func:`selective_scan` (used in the forward pass)
-and :func:`selective_scan_reference`, a plain step-by-step transcription of the recurrence
-that tests hold the fast one to.
+The selective scan has two implementations: :func:`selective_scan` (used in the forward pass;
+in a training step on a CPU it hands the scan to C, ``csrc/selective_scan.c`` through
+models/native.py, and otherwise runs a PyTorch form with a written-out adjoint) and
+:func:`selective_scan_reference`, a plain step-by-step transcription of the recurrence that
+tests hold both forms to.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Optional fused CUDA kernels behind the reference modules (``training.kernels: fused``).
 
-The modules' own PyTorch code is the reference, and the only path on a CPU. On CUDA, inside
+The modules' own code is the reference, and the only path on a CPU (where a training step
+runs some of it as C kernels, models/native.py, whatever this field says). On CUDA, inside
 :func:`fused_kernels`, two of them hand their core to the authors' kernels when installed
 (``pip install 'mecheval[cuda]'``):
 

@@ -3,6 +3,7 @@ and numerically the function their PyTorch forms compute, at the edges of float3
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from pathlib import Path
 
@@ -37,6 +38,21 @@ def test_builds_once_into_the_cache_and_reuses_it(fresh_native: Path, monkeypatc
     assert native.library("selective_scan", torch.float32) is not None
     assert builds[0].stat().st_mtime_ns == stamp
     assert list(fresh_native.glob("selective_scan-f32-*.so")) == builds
+
+
+def test_a_changed_header_is_a_new_build(fresh_native: Path, tmp_path: Path, monkeypatch) -> None:
+    """The cache key covers the headers the sources include, not the source file alone."""
+    needs_compiler()
+    sources = tmp_path / "csrc"
+    shutil.copytree(native.SOURCES, sources)
+    monkeypatch.setattr(native, "SOURCES", sources)
+    monkeypatch.setattr(native, "_loaded", {})
+    assert native.library("long_conv", torch.float32) is not None
+    header = sources / "real.h"
+    header.write_text(header.read_text() + "\n/* changed */\n")
+    monkeypatch.setattr(native, "_loaded", {})
+    assert native.library("long_conv", torch.float32) is not None
+    assert len(list(fresh_native.glob("long_conv-f32-*.so"))) == 2
 
 
 @pytest.mark.parametrize("compiler", ["/nonexistent/cc", "false"])

@@ -6,7 +6,8 @@ backward), one C function that walks the loop does the same arithmetic without t
 The source ships with the package; the first process that needs a kernel compiles it with
 the machine's C compiler (``$CC``, else ``cc``; ~0.2 s) for this CPU (``-march=native``)
 into a cache folder (``$MECHEVAL_CACHE``, else ``$XDG_CACHE_HOME/mecheval``, else
-``~/.cache/mecheval``), named by a hash of the source, the flags, the compiler and the CPU,
+``~/.cache/mecheval``), named by a hash of the source and the folder's headers, the flags,
+the compiler and the CPU,
 and written atomically (temp file, then rename), so parallel workers share one build.
 
 Nothing depends on it: without a compiler, when the build fails, or with
@@ -28,6 +29,7 @@ import shutil
 import subprocess
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -103,8 +105,10 @@ def _build(name: str, dtype: torch.dtype) -> ctypes.CDLL | None:
         return _fail(name, f"no C compiler ({os.environ.get('CC', 'cc')} not found)")
     flags = [*FLAGS, *extra]
     digest = hashlib.sha256()
-    for part in (source.read_bytes(), " ".join(flags).encode(), compiler.encode(), _cpu().encode()):
+    headers = [h.read_bytes() for h in sorted(SOURCES.glob("*.h"))]  # included by the sources
+    for part in (source.read_bytes(), *headers, " ".join(flags).encode(), compiler.encode()):
         digest.update(part)
+    digest.update(_cpu().encode())
     target = cache_dir() / f"{name}-{suffix}-{digest.hexdigest()[:16]}.so"
     try:
         if not target.exists():
@@ -151,6 +155,45 @@ def _cpu() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def autograd_function(
+    name: str,
+    sizes: Callable[..., tuple[int, ...]],
+    output: Callable[..., torch.Tensor],
+) -> type[torch.autograd.Function]:
+    """An autograd Function over ``csrc/{name}.c``, whose ``{name}_forward`` takes (sizes...,
+    inputs..., output) and ``{name}_backward`` (sizes..., inputs..., output gradient, input
+    gradients...). ``sizes(*inputs)`` gives the integers, ``output(*inputs)`` allocates the
+    output; integer inputs (a length) pass through ``sizes`` only and get no gradient. Apply
+    it to contiguous tensors, where :func:`for_training` allowed."""
+
+    class Kernel(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *inputs):  # type: ignore[override]
+            tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+            lib = library(name, tensors[0].dtype)
+            result = output(*inputs)
+            dims = sizes(*inputs)
+            call(getattr(lib, f"{name}_forward"), *dims, *tensors, result)
+            ctx.save_for_backward(*tensors)
+            ctx.dims = dims
+            ctx.is_tensor = [isinstance(x, torch.Tensor) for x in inputs]
+            return result
+
+        @staticmethod
+        def backward(ctx, grad):  # type: ignore[override]
+            tensors = ctx.saved_tensors
+            lib = library(name, grad.dtype)
+            grads = iter([torch.empty_like(t) for t in tensors])
+            found = [next(grads) if flag else None for flag in ctx.is_tensor]
+            grads_only = [g for g in found if g is not None]
+            backward = getattr(lib, f"{name}_backward")
+            call(backward, *ctx.dims, *tensors, grad.contiguous(), *grads_only)
+            return tuple(found)
+
+    Kernel.__name__ = Kernel.__qualname__ = f"Native_{name}"
+    return Kernel
 
 
 def call(function: ctypes._CFuncPtr, *args: int | torch.Tensor) -> None:

@@ -12,15 +12,13 @@
  * Built twice by mecheval.models.native: float and, with -DREAL_DOUBLE, double.
  */
 #include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
+#include "real.h"
+
 #ifdef REAL_DOUBLE
-typedef double real;
 #define EXP exp
 #else
-typedef float real;
 #define EXP expf
 #endif
 

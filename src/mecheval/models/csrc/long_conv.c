@@ -8,28 +8,14 @@
  * at positions <= t only, so the form is causal to the bit, as the intervention tests
  * demand. Built twice by mecheval.models.native: float and, with -DREAL_DOUBLE, double.
  */
-#include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
-#ifdef REAL_DOUBLE
-typedef double real;
-#else
-typedef float real;
-#endif
-
-static real *taps_by_lag(const real *k, int64_t C, int64_t L) {
-    real *kt = malloc(sizeof(real) * L * C);
-    if (kt)
-        for (int64_t c = 0; c < C; c++)
-            for (int64_t j = 0; j < L; j++) kt[j * C + c] = k[c * L + j];
-    return kt;
-}
+#include "real.h"
 
 /* y. Returns 0, or 1 if memory ran out. */
 int long_conv_forward(int64_t batch, int64_t T, int64_t C, int64_t L, const real *u,
                       const real *k, real *y) {
-    real *kt = taps_by_lag(k, C, L);
+    real *kt = transposed(k, C, L); /* [L][C] */
     if (!kt) return 1;
     for (int64_t b = 0; b < batch; b++) {
         const real *ub = u + b * T * C;
@@ -52,7 +38,7 @@ int long_conv_forward(int64_t batch, int64_t T, int64_t C, int64_t L, const real
  * gy[b, t, c] u[b, t - j, c]. Returns 0, or 1 if memory ran out. */
 int long_conv_backward(int64_t batch, int64_t T, int64_t C, int64_t L, const real *u,
                        const real *k, const real *gy, real *gu, real *gk) {
-    real *kt = taps_by_lag(k, C, L);
+    real *kt = transposed(k, C, L); /* [L][C] */
     real *gkt = calloc(L * C, sizeof(real));
     if (!kt || !gkt) {
         free(kt);

@@ -13,15 +13,13 @@
  * double (the precision the tests hold it to the reference in).
  */
 #include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
+#include "real.h"
+
 #ifdef REAL_DOUBLE
-typedef double real;
 static inline real exp_r(real x) { return exp(x); }
 #else
-typedef float real;
 /* exp without a library call, so that the loops vectorise: 2^k e^r with k = round(x / ln 2)
  * and |r| <= ln(2) / 2, e^r by Cephes' expf polynomial (about 1 ulp). Inputs are clamped to
  * the normal range (a decay below 1e-38 counts as 1e-38); NaN passes through. Written
@@ -48,16 +46,8 @@ static inline real exp_r(real x) {
 }
 #endif
 
-static real *transposed(const real *a, int64_t rows, int64_t cols) {
-    real *t = malloc(sizeof(real) * rows * cols);
-    if (t)
-        for (int64_t i = 0; i < rows; i++)
-            for (int64_t j = 0; j < cols; j++) t[j * rows + i] = a[i * cols + j];
-    return t;
-}
-
 /* y = scan(x, dt, A, B, C). Returns 0, or 1 if memory ran out. */
-int scan_forward(int64_t batch, int64_t T, int64_t D, int64_t N, const real *x, const real *dt,
+int selective_scan_forward(int64_t batch, int64_t T, int64_t D, int64_t N, const real *x, const real *dt,
                  const real *A, const real *B, const real *C, real *y) {
     real *At = transposed(A, D, N);
     real *h = malloc(sizeof(real) * N * D);
@@ -93,7 +83,7 @@ int scan_forward(int64_t batch, int64_t T, int64_t D, int64_t N, const real *x, 
 
 /* Gradients of sum(gy * y) with respect to x, dt, A, B and C. Returns 0, or 1 if memory ran
  * out. */
-int scan_backward(int64_t batch, int64_t T, int64_t D, int64_t N, const real *x, const real *dt,
+int selective_scan_backward(int64_t batch, int64_t T, int64_t D, int64_t N, const real *x, const real *dt,
                   const real *A, const real *B, const real *C, const real *gy, real *dx,
                   real *ddt, real *dA, real *dB, real *dC) {
     int64_t slab = N * D;

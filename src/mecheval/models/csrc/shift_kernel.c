@@ -6,14 +6,9 @@
  * b, c [C, N]; K [C, lags]. Inner loops run over the N contiguous slots.
  * Built twice by mecheval.models.native: float and, with -DREAL_DOUBLE, double.
  */
-#include <stdint.h>
 #include <string.h>
 
-#ifdef REAL_DOUBLE
-typedef double real;
-#else
-typedef float real;
-#endif
+#include "real.h"
 
 int shift_kernel_forward(int64_t C, int64_t N, int64_t lags, const real *b, const real *c,
                          real *K) {

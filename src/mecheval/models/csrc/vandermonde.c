@@ -10,15 +10,7 @@
  * inner loop runs over the N contiguous modes.
  * Built twice by mecheval.models.native: float and, with -DREAL_DOUBLE, double.
  */
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-
-#ifdef REAL_DOUBLE
-typedef double real;
-#else
-typedef float real;
-#endif
+#include "real.h"
 
 /* The running power p = z^0 = 1 for one row of N modes. */
 static void start_powers(int64_t N, double *p_re, double *p_im) {

@@ -51,31 +51,15 @@ from mecheval.models import native
 from mecheval.models.mixers.base import Mixer, ShortConv
 from mecheval.models.mixers.decay import balanced_chunks
 
-
-class _NativeGLA(torch.autograd.Function):
-    """:func:`gla_recurrent` from a zero state in a training step, by ``csrc/gla.c``
-    (models/native.py): q, k, g [B, H, T, d_k], v [B, H, T, d_v], contiguous. A head's state
-    is d_k x d_v floats (8 x 16 at d = 64), so the recurrence costs little; the chunked form's
-    per-channel decay products took ~13 of GLA's ~32 ms training step at T = 35."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, g):  # type: ignore[override]
-        lib = native.library("gla", q.dtype)
-        b, h, length, d_k = q.shape
-        o = v.new_empty(v.shape)
-        native.call(lib.gla_forward, b * h, length, d_k, v.shape[-1], q, k, v, g, o)
-        ctx.save_for_backward(q, k, v, g)
-        return o
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        q, k, v, g = ctx.saved_tensors
-        lib = native.library("gla", q.dtype)
-        b, h, length, d_k = q.shape
-        grads = [torch.empty_like(t) for t in (q, k, v, g)]
-        sizes = (b * h, length, d_k, v.shape[-1])
-        native.call(lib.gla_backward, *sizes, q, k, v, g, grad.contiguous(), *grads)
-        return tuple(grads)
+#: :func:`gla_recurrent` from a zero state in a training step, by ``csrc/gla.c``
+#: (models/native.py): q, k, g [B, H, T, d_k], v [B, H, T, d_v], contiguous. A head's state
+#: is d_k x d_v floats (8 x 16 at d = 64), so the recurrence costs little; the chunked form's
+#: per-channel decay products took ~13 of GLA's ~32 ms training step at T = 35.
+_NativeGLA = native.autograd_function(
+    "gla",
+    sizes=lambda q, k, v, g: (q.shape[0] * q.shape[1], q.shape[2], q.shape[3], v.shape[3]),
+    output=lambda q, k, v, g: v.new_empty(v.shape),
+)
 
 
 class GLAOptions(BaseModel):

@@ -136,27 +136,14 @@ def shift_kernel_direct(b: torch.Tensor, c: torch.Tensor, lags: int) -> torch.Te
         return _ShiftKernel.apply(b, c, lags)
 
 
-class _NativeShiftKernel(torch.autograd.Function):
-    """:func:`shift_kernel_direct` in a training step by ``csrc/shift_kernel.c``
-    (models/native.py): oneDNN's depthwise conv1d took ~0.25 ms per call for these
-    [64, 1024]-slot filters, the C sums a tenth of that."""
-
-    @staticmethod
-    def forward(ctx, b, c, lags):  # type: ignore[override]
-        lib = native.library("shift_kernel", b.dtype)
-        k = b.new_empty(b.shape[0], lags)
-        native.call(lib.shift_kernel_forward, *b.shape, lags, b, c, k)
-        ctx.save_for_backward(b, c)
-        return k
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        b, c = ctx.saved_tensors
-        lib = native.library("shift_kernel", b.dtype)
-        grad_b, grad_c = torch.empty_like(b), torch.empty_like(c)
-        args = (*b.shape, grad.shape[1], b, c, grad.contiguous(), grad_b, grad_c)
-        native.call(lib.shift_kernel_backward, *args)
-        return grad_b, grad_c, None
+#: :func:`shift_kernel_direct` in a training step by ``csrc/shift_kernel.c``
+#: (models/native.py): oneDNN's depthwise conv1d took ~0.25 ms per call for these
+#: [64, 1024]-slot filters, the C sums a tenth of that.
+_NativeShiftKernel = native.autograd_function(
+    "shift_kernel",
+    sizes=lambda b, c, lags: (*b.shape, lags),
+    output=lambda b, c, lags: b.new_empty(b.shape[0], lags),
+)
 
 
 class _ShiftKernel(torch.autograd.Function):

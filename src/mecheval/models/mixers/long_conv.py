@@ -110,28 +110,15 @@ def causal_long_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return direct_causal_conv(u, k)
 
 
-class _NativeLongConv(torch.autograd.Function):
-    """:func:`causal_long_conv` in a training step by ``csrc/long_conv.c`` (models/native.py),
-    u [B, T, C] and at most T taps k [C, L]: the direct sum, vectorised over channels, and
-    its two gradients. The Toeplitz product's backward falls back to one small matrix product
-    (and a copy) per channel inside bmm: some 1,500 calls per H3 step at T = 11."""
-
-    @staticmethod
-    def forward(ctx, u, k):  # type: ignore[override]
-        lib = native.library("long_conv", u.dtype)
-        y = torch.empty_like(u)
-        native.call(lib.long_conv_forward, *u.shape, k.shape[1], u, k, y)
-        ctx.save_for_backward(u, k)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        u, k = ctx.saved_tensors
-        lib = native.library("long_conv", u.dtype)
-        grad_u, grad_k = torch.empty_like(u), torch.empty_like(k)
-        args = (*u.shape, k.shape[1], u, k, grad.contiguous(), grad_u, grad_k)
-        native.call(lib.long_conv_backward, *args)
-        return grad_u, grad_k
+#: :func:`causal_long_conv` in a training step by ``csrc/long_conv.c`` (models/native.py),
+#: u [B, T, C] and at most T taps k [C, L]: the direct sum, vectorised over channels, and its
+#: two gradients. The Toeplitz product's backward falls back to one small matrix product (and
+#: a copy) per channel inside bmm: some 1,500 calls per H3 step at T = 11.
+_NativeLongConv = native.autograd_function(
+    "long_conv",
+    sizes=lambda u, k: (*u.shape, k.shape[1]),
+    output=lambda u, k: torch.empty_like(u),
+)
 
 
 class Sin(nn.Module):

@@ -198,27 +198,14 @@ class _SelectiveScan(torch.autograd.Function):
         return torch.stack(du), torch.stack(dd), dA, torch.stack(dB), torch.stack(dC)
 
 
-class _NativeScan(torch.autograd.Function):
-    """The selective scan without D (x, delta [batch, T, D]; A [D, N]; B, C [batch, T, N],
-    all contiguous) by ``csrc/selective_scan.c``: the forward keeps nothing but its inputs,
-    the backward recomputes each row's states in C and returns every gradient."""
-
-    @staticmethod
-    def forward(ctx, x, delta, A, B, C):  # type: ignore[override]
-        lib = native.library("selective_scan", x.dtype)
-        y = torch.empty_like(x)
-        native.call(lib.scan_forward, *x.shape, A.shape[1], x, delta, A, B, C, y)
-        ctx.save_for_backward(x, delta, A, B, C)
-        return y
-
-    @staticmethod
-    def backward(ctx, gy):  # type: ignore[override]
-        x, delta, A, B, C = ctx.saved_tensors
-        lib = native.library("selective_scan", x.dtype)
-        grads = [torch.empty_like(t) for t in (x, delta, A, B, C)]
-        inputs = (x, delta, A, B, C, gy.contiguous())
-        native.call(lib.scan_backward, *x.shape, A.shape[1], *inputs, *grads)
-        return tuple(grads)
+#: The selective scan without D (x, delta [batch, T, D]; A [D, N]; B, C [batch, T, N], all
+#: contiguous) by ``csrc/selective_scan.c``: the forward keeps nothing but its inputs, the
+#: backward recomputes each row's states in C and returns every gradient.
+_NativeScan = native.autograd_function(
+    "selective_scan",
+    sizes=lambda x, delta, A, B, C: (*x.shape, A.shape[1]),
+    output=lambda x, *_: torch.empty_like(x),
+)
 
 
 class Mamba(Mixer):

@@ -12,7 +12,7 @@ and written atomically (temp file, then rename), so parallel workers share one b
 
 Nothing depends on it: without a compiler, when the build fails, or with
 ``MECHEVAL_NATIVE=0`` in the environment, :func:`library` returns None (the reason is in
-:func:`unavailable`; a warning says it once per process) and the callers run their
+:func:`unavailable`; one line on stderr says it once per process) and the callers run their
 PyTorch code, which computes the same function (tests/test_native.py holds each kernel to
 its PyTorch reference in float64). Results of the two paths differ by float rounding only,
 which a training run amplifies, so a run's digits depend on whether a compiler was found,
@@ -27,8 +27,8 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -102,7 +102,7 @@ def _build(name: str, dtype: torch.dtype) -> ctypes.CDLL | None:
     source = SOURCES / f"{name}.c"
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
-        return _fail(name, f"no C compiler ({os.environ.get('CC', 'cc')} not found)")
+        return _fail(name, f"no C compiler: {os.environ.get('CC', 'cc')} not found")
     flags = [*FLAGS, *extra]
     digest = hashlib.sha256()
     headers = [h.read_bytes() for h in sorted(SOURCES.glob("*.h"))]  # included by the sources
@@ -135,12 +135,11 @@ def _build(name: str, dtype: torch.dtype) -> ctypes.CDLL | None:
 
 
 def _fail(name: str, reason: str) -> None:
-    if name not in _reasons:
-        warnings.warn(
-            f"mecheval: the C kernel {name} is not used ({reason}); its PyTorch form runs "
-            "instead (same function, slower on a CPU)",
-            RuntimeWarning,
-            stacklevel=3,
+    if reason not in _reasons.values():  # one line per process and cause, not per kernel
+        print(
+            f"mecheval: C kernels unavailable ({reason}); their PyTorch forms run instead "
+            "(same functions, slower on a CPU)",
+            file=sys.stderr,
         )
     _reasons[name] = reason
     return None

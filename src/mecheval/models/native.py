@@ -7,8 +7,8 @@ The source ships with the package; the first process that needs a kernel compile
 the machine's C compiler (``$CC``, else ``cc``; ~0.2 s) for this CPU (``-march=native``)
 into a cache folder (``$MECHEVAL_CACHE``, else ``$XDG_CACHE_HOME/mecheval``, else
 ``~/.cache/mecheval``), named by a hash of the source and the folder's headers, the flags,
-the compiler and the CPU,
-and written atomically (temp file, then rename), so parallel workers share one build.
+the compiler and the CPU, and written atomically (temp file, then rename), so parallel
+workers share one build.
 
 Nothing depends on it: without a compiler, when the build fails, or with
 ``MECHEVAL_NATIVE=0`` in the environment, :func:`library` returns None (the reason is in
@@ -184,12 +184,11 @@ def autograd_function(
         def backward(ctx, grad):  # type: ignore[override]
             tensors = ctx.saved_tensors
             lib = library(name, grad.dtype)
-            grads = iter([torch.empty_like(t) for t in tensors])
-            found = [next(grads) if flag else None for flag in ctx.is_tensor]
-            grads_only = [g for g in found if g is not None]
+            grads = [torch.empty_like(t) for t in tensors]
             backward = getattr(lib, f"{name}_backward")
-            call(backward, *ctx.dims, *tensors, grad.contiguous(), *grads_only)
-            return tuple(found)
+            call(backward, *ctx.dims, *tensors, grad.contiguous(), *grads)
+            per_input = iter(grads)
+            return tuple(next(per_input) if flag else None for flag in ctx.is_tensor)
 
     Kernel.__name__ = Kernel.__qualname__ = f"Native_{name}"
     return Kernel

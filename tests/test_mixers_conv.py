@@ -117,14 +117,20 @@ def test_training_long_conv_equals_the_naive_sum(
     assert ("long_conv_backward" in native_calls) == (kernel_path == "native")
 
 
-@pytest.mark.parametrize(("kernel_size", "bias"), [(1, True), (3, True), (4, False)])
-def test_short_conv_equals_depthwise_conv1d(kernel_size: int, bias: bool) -> None:
+@pytest.mark.parametrize(
+    ("kernel_size", "bias", "length"), [(1, True, 7), (3, True, 7), (4, False, 7), (4, True, 2)]
+)
+def test_short_conv_equals_depthwise_conv1d(
+    kernel_size: int, bias: bool, length: int, kernel_path: str, native_calls: list
+) -> None:
+    """Both forms (shifted copies; in a training step where built, the C kernel) against
+    conv1d in float64, outputs and gradients, also for a sequence shorter than the kernel."""
     torch.manual_seed(0)
     tap = ShortConv(6, kernel_size, bias=bias).double()
     weight = tap.weight.detach().clone().requires_grad_()
     params = [weight] + ([tap.bias.detach().clone().requires_grad_()] if bias else [])
-    x = torch.randn(2, 7, 6, generator=gen(16), dtype=torch.float64, requires_grad=True)
-    w = torch.randn(2, 7, 6, generator=gen(17), dtype=torch.float64)
+    x = torch.randn(2, length, 6, generator=gen(16), dtype=torch.float64, requires_grad=True)
+    w = torch.randn(2, length, 6, generator=gen(17), dtype=torch.float64)
     padded = torch.nn.functional.pad(x.transpose(1, 2), (kernel_size - 1, 0))
     y_ref = torch.nn.functional.conv1d(
         padded, weight, params[1] if bias else None, groups=6
@@ -135,6 +141,9 @@ def test_short_conv_equals_depthwise_conv1d(kernel_size: int, bias: bool) -> Non
     g_tap = torch.autograd.grad((y_tap * w).sum(), [x, *tap.parameters()])
     for a, b in zip(g_tap, g_ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert native_calls == (
+        ["long_conv_forward", "long_conv_backward"] if kernel_path == "native" else []
+    )
 
 
 def test_implicit_filter_does_not_depend_on_sequence_length() -> None:

@@ -287,7 +287,7 @@ class _NativeVandermonde(torch.autograd.Function):
     z = exp(w) once in float64 (vectorised by PyTorch, kept for the backward), the powers by
     one complex product per position, forward and backward in one pass over the modes each.
     The baby-step giant-step form takes some 40 small PyTorch calls forward and backward per
-    layer: at the quick preset's T = 11, 3 ms of H3's 22 ms step per layer."""
+    layer: at the quick preset's T = 11, 3 ms per layer of H3's 22 ms step."""
 
     @staticmethod
     def forward(ctx, cb_re, cb_im, w_re, w_im, length):  # type: ignore[override]

@@ -44,8 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mecheval.models import native
-from mecheval.models.mixers.base import mark_inert
+from mecheval.models.mixers.base import mark_inert, native_causal_conv
 from mecheval.models.sites import Site
 
 
@@ -103,22 +102,12 @@ def causal_long_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     if u.is_cuda:
         return fft_causal_conv(u, k).to(u.dtype)
     if u.shape[1] <= TOEPLITZ_MAX_LEN:
-        taps = k[:, : u.shape[1]]
-        if native.for_training("long_conv", u, taps):
-            return _NativeLongConv.apply(u.contiguous(), taps.contiguous())
-        return toeplitz_causal_conv(u, k)
+        # In a training step, the direct sum in C (models/native.py): the Toeplitz product's
+        # backward falls back to one small matrix product and a copy per channel inside bmm,
+        # some 1,500 calls per H3 step at T = 11.
+        direct = native_causal_conv(u, k)
+        return toeplitz_causal_conv(u, k) if direct is None else direct
     return direct_causal_conv(u, k)
-
-
-#: :func:`causal_long_conv` in a training step by ``csrc/long_conv.c`` (models/native.py),
-#: u [B, T, C] and at most T taps k [C, L]: the direct sum, vectorised over channels, and its
-#: two gradients. The Toeplitz product's backward falls back to one small matrix product (and
-#: a copy) per channel inside bmm: some 1,500 calls per H3 step at T = 11.
-_NativeLongConv = native.autograd_function(
-    "long_conv",
-    sizes=lambda u, k: (*u.shape, k.shape[1]),
-    output=lambda u, k: torch.empty_like(u),
-)
 
 
 class Sin(nn.Module):

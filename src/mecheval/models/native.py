@@ -57,7 +57,6 @@ def library(name: str, dtype: torch.dtype) -> ctypes.CDLL | None:
     """The compiled ``csrc/{name}.c`` for ``dtype`` (float32 or float64), or None where it
     cannot be had (then :func:`unavailable` says why)."""
     if not enabled():
-        _reasons[name] = "MECHEVAL_NATIVE=0"
         return None
     if dtype not in _BUILDS:
         return None
@@ -86,8 +85,8 @@ def for_training(name: str, *tensors: torch.Tensor) -> ctypes.CDLL | None:
 
 
 def unavailable(name: str) -> str | None:
-    """Why :func:`library` returned None for ``name``, if it did."""
-    return _reasons.get(name)
+    """Why :func:`library` returns None for ``name``, if it does."""
+    return "MECHEVAL_NATIVE=0" if not enabled() else _reasons.get(name)
 
 
 def cache_dir() -> Path:

@@ -150,8 +150,10 @@ MUTANTS = [
         "mamba-zoology-init",
         "Mamba initialised like the zoology blocks, not as mamba_ssm",
         "src/mecheval/models/registry.py",
-        '        norm="rms",\n        init="mamba",',
-        '        norm="rms",\n        init="zoology",',
+        '(Gu & Dao, 2023); no MLP, RMSNorm",\n        mlp=False,\n        norm="rms",\n'
+        '        init="mamba",',
+        '(Gu & Dao, 2023); no MLP, RMSNorm",\n        mlp=False,\n        norm="rms",\n'
+        '        init="zoology",',
         ("tests/test_fidelity.py",),
     ),
     Mutant(
@@ -194,6 +196,54 @@ MUTANTS = [
         "beta = torch.ones_like(self.b_proj(x)).transpose(1, 2)",
         ("tests/test_references.py", "tests/test_mixers_ssm.py"),
     ),
+    Mutant(
+        "scan-exp-swallows-nan",
+        "the C scan's exp turns NaN into a finite decay",
+        "src/mecheval/models/csrc/selective_scan.c",
+        "    return x == x ? out : x;",
+        "    return out;",
+        ("tests/test_native.py",),
+    ),
+    Mutant(
+        "long-conv-ignores-lag",
+        "the C causal convolution reads the current position for every tap",
+        "src/mecheval/models/csrc/long_conv.c",
+        "const real *kj = kt + j * C, *us = ub + (t - j) * C;",
+        "const real *kj = kt + j * C, *us = ub + t * C;",
+        ("tests/test_mixers_conv.py",),
+    ),
+    Mutant(
+        "vandermonde-power-sign",
+        "the C Vandermonde kernel advances the powers by the conjugate",
+        "src/mecheval/models/csrc/vandermonde.c",
+        "    p_im[n] = p_re[n] * z_im[n] + p_im[n] * z_re[n];",
+        "    p_im[n] = -p_re[n] * z_im[n] + p_im[n] * z_re[n];",
+        ("tests/test_mixers_conv.py",),
+    ),
+    Mutant(
+        "gla-gate-gradient",
+        "the C GLA backward drops the gate's own factor from its gradient",
+        "src/mecheval/models/csrc/gla.c",
+        "                dg[at_k + i] = a * sum_g;",
+        "                dg[at_k + i] = sum_g;",
+        ("tests/test_mixers_new_b.py",),
+    ),
+    Mutant(
+        "kernel-cache-ignores-headers",
+        "the C kernels' build cache is keyed by the source file alone",
+        "src/mecheval/models/native.py",
+        "    for part in (source.read_bytes(), *headers, ",
+        "    for part in (source.read_bytes(), ",
+        ("tests/test_native.py",),
+    ),
+    Mutant(
+        "engine-runs-unreachable-rows",
+        "the engine runs rows whose patch cannot reach the query",
+        "src/mecheval/interventions/engine.py",
+        "        todo = (todo & reaches).nonzero()[:, 0]",
+        "        todo = todo.nonzero()[:, 0]",
+        ("tests/test_interventions.py",),
+    ),
 ]
 
 
@@ -217,6 +267,7 @@ def make_copy(dest: Path, files: list[str]) -> None:
 
 def run_tests(copy: Path, tests: tuple[str, ...]) -> int:
     env = {**os.environ, "PYTHONPATH": str(copy / "src"), "PYTHONDONTWRITEBYTECODE": "1"}
+    env["MECHEVAL_CACHE"] = str(copy / ".cache")  # mutated C kernels build here, not in ~/.cache
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
     return subprocess.run(cmd, cwd=copy, env=env, capture_output=True).returncode
 

@@ -67,9 +67,14 @@ def test_a_resumed_mixer_equals_its_full_forward(case) -> None:
                 torch.testing.assert_close(got, full[rows, start:], rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("resume", [True, False], ids=["resumed", "window"])
 @pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_running_from_any_block_and_position_gives_the_full_logits(case) -> None:
+def test_running_from_any_block_and_position_gives_the_full_logits(case, resume: bool) -> None:
+    """Both ways a block can run from a cut: resumed from its prefix states, and (what
+    ``Mixer.resume_from_prefix = False`` asks for) its window recomputed from the start."""
     model = model_for(*case, n_layers=3)
+    for layer in model.layers:
+        layer.mixer.resume_from_prefix = resume
     n_layers = len(model.layers)
     tokens = torch.randint(0, 11, (4, LENGTH), generator=torch.Generator().manual_seed(2))
     at = torch.tensor([LENGTH - 1, 6, 9, LENGTH - 1])
@@ -77,6 +82,8 @@ def test_running_from_any_block_and_position_gives_the_full_logits(case) -> None
     with torch.no_grad(), record(model, [*inputs, "final_norm.input"]) as acts:
         expected = model(tokens, at=at)
     cache = prefix_cache(model, [acts[site] for site in inputs])
+    if not resume:
+        assert cache.halos == [None] * n_layers and cache.states == [None] * n_layers
     docs = torch.arange(4)
     with torch.no_grad():
         for first in range(n_layers + 1):

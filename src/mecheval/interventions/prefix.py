@@ -5,7 +5,8 @@ state after every position, attention's keys and values) are computed once, and 
 row runs each later block on positions p.. only, resuming its mixer from the state carried
 into p. A mixer that keeps no prefix state (the ``Mixer`` defaults, e.g. a long convolution,
 or a plugin) recomputes its whole window, and the block's per-position parts (norms, MLP)
-still run on p.. only.
+still run on p.. only; so does a mixer that keeps states but declares recomputing faster
+(``Mixer.resume_from_prefix``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def prefix_cache(model: LanguageModel, inputs: list[torch.Tensor]) -> PrefixCach
     states, halos = [], []
     for layer, x in zip(model.layers, inputs, strict=True):
         mixer = layer.mixer
-        halo = mixer.halo()
+        halo = mixer.halo() if mixer.resume_from_prefix else None
         # The state after one position, times the positions and documents kept (for
         # attention the cache of one position, so the same product is its whole cache).
         per_position = mixer.recurrent_state_size(1)

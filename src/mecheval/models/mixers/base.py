@@ -101,6 +101,15 @@ class Mixer(nn.Module):
             raise NotImplementedError(f"{type(self).__name__} has no recurrent state site")
         return self.mix(x)[:, offset:]
 
+    #: Whether the intervention engine resumes this mixer from its prefix states
+    #: (interventions/prefix.py) or recomputes its window from the document's start. Resuming
+    #: gathers each row's state, so it pays where the whole window is a sequential scan
+    #: (Mamba, GLA: 2.2x, 1.8x faster at the quick AR shape) and loses where a parallel form
+    #: recomputes the window faster than states of many floats per position are gathered
+    #: (Mamba-2, Gated DeltaNet, DeltaNet, Based set it False: docs/performance.md). The state
+    #: site works either way. Both paths compute the same numbers (tests/test_prefix.py).
+    resume_from_prefix = True
+
     #: Whether the mixer carries a fixed-size recurrent state whose value after each position
     #: can be patched (the site ``layers.{i}.mixer.state``): its :meth:`prefix_states` are
     #: that state after every position, [B, T, ...], and :meth:`mix_from` takes ``replace``.

@@ -137,6 +137,7 @@ class BasedLinearAttention(Mixer):
 
     # Resuming from a prefix (Mixer.prefix_states): the state is (S, z) after each position.
     has_recurrent_state = True
+    resume_from_prefix = False  # recomputing the window is faster (Mixer.resume_from_prefix)
 
     def prefix_halo(self) -> int:
         return 0

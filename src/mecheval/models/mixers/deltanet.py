@@ -268,6 +268,7 @@ class DeltaNet(Mixer):
         return self.finish(torch.cat([first, rest], dim=2))
 
     has_recurrent_state = True
+    resume_from_prefix = False  # recomputing the window is faster (Mixer.resume_from_prefix)
 
     def mix_recurrent(self, x: torch.Tensor) -> torch.Tensor:
         """:meth:`mix` with the step-by-step delta rule (for tests and debugging)."""

@@ -250,6 +250,7 @@ class GatedDeltaNet(Mixer):
 
     # Resuming from a prefix (Mixer.prefix_states): S after each position, by the recurrence.
     has_recurrent_state = True
+    resume_from_prefix = False  # recomputing the window is faster (Mixer.resume_from_prefix)
 
     def prefix_halo(self) -> int:
         size = self.options.conv_size

@@ -325,6 +325,7 @@ class Mamba2(Mixer):
 
     # Resuming from a prefix (Mixer.prefix_states): h after each position, by the recurrence.
     has_recurrent_state = True
+    resume_from_prefix = False  # recomputing the window is faster (Mixer.resume_from_prefix)
 
     def prefix_halo(self) -> int:
         return self.options.d_conv - 1 if self.has_conv else 0

@@ -226,6 +226,28 @@ def test_batched_equals_naive_on_variable_length_atr() -> None:
     assert_engine_equals_naive(*signal_case("based-atr"))
 
 
+def test_a_large_vocabulary_takes_fewer_rows_per_chunk(monkeypatch) -> None:
+    """Chunks hold at most LOGITS_PER_CHUNK logits (the paper's 8,192 tokens: 256 rows of
+    the default 4096); rows split so, out of their order (sorted by patch position), give
+    the engine's numbers."""
+    model, original, corrupted = signal_case("attention")
+    vocab = model.embedding.num_embeddings
+    assert engine._chunk_rows(model, 4096) == min(4096, engine.LOGITS_PER_CHUNK // vocab)
+    whole = engine.interchange(model, original, corrupted)
+    monkeypatch.setattr(engine, "LOGITS_PER_CHUNK", 3 * vocab)
+    assert engine._chunk_rows(model, 4096) == 3
+    split = engine.interchange(model, original, corrupted)
+    assert split.per_example[["doc", "site", "role"]].equals(
+        whole.per_example[["doc", "site", "role"]]
+    )
+    torch.testing.assert_close(
+        torch.tensor(split.per_example.restored.to_numpy()),
+        torch.tensor(whole.per_example.restored.to_numpy()),
+        rtol=0.0,
+        atol=1e-6,
+    )
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_the_comparison_fails_when_the_engine_patches_nothing(case: str, monkeypatch) -> None:
     real = engine.interchange
@@ -354,7 +376,7 @@ def test_a_new_score_reaches_training_metrics_and_the_engine(monkeypatch) -> Non
     from mecheval.training.metrics import evaluate
 
     monkeypatch.setitem(
-        scores.SCORES, "p_top", lambda logp, answer, candidates: logp.max(-1).values.exp()
+        scores.SCORES, "p_top", lambda dist, answer, candidates: dist.full.max(-1).values.exp()
     )
     monkeypatch.setattr(engine, "RESTORE_METRICS", (*engine.RESTORE_METRICS, "p_top"))
     model = tiny("attention")

@@ -7,7 +7,8 @@ the run on o, let it propagate, and read p(answer) at the query.
 
 Batching: one clean forward on o (and one on c) caches every site at once; then, per site,
 all roles × all documents go through together as one stacked batch (chunked to
-``max_batch`` rows), each row patched at its own position with its own source value.
+``max_batch`` rows, fewer where the vocabulary is large: :data:`LOGITS_PER_CHUNK`), each
+row patched at its own position with its own source value.
 Nothing upstream of the patch is recomputed: at a block boundary (``layers.{i}.input`` /
 ``layers.{i}.output``, ``final_norm.input``) the cached corrupted tensor is patched directly
 and only what follows runs; a site inside block i restarts from the cached corrupted input
@@ -60,6 +61,17 @@ from mecheval.models.sites import (
 )
 from mecheval.tasks.batch import ROLES, Batch
 from mecheval.tasks.scores import answer_scores, available_scores
+
+#: The most logits one chunk of patched rows may hold (rows x vocabulary, float32: 8 MB).
+#: Within it, the buffers of the head and the scoring are reused from call to call; at the
+#: paper's 8,192-token vocabulary a chunk of ``max_batch`` rows was a fresh allocation of
+#: over 100 MB per chunk. A smaller vocabulary keeps ``max_batch``.
+LOGITS_PER_CHUNK = 1 << 21
+
+
+def _chunk_rows(model: LanguageModel, max_batch: int) -> int:
+    return max(1, min(max_batch, LOGITS_PER_CHUNK // model.embedding.num_embeddings))
+
 
 #: The scores (tasks/scores.py) reported per condition, site and role; likelihood first (the
 #: per-example table and the mechanism labels read it). Every condition is scored against
@@ -269,6 +281,7 @@ def interchange(
     if resume or with_states:
         prefix = prefix_cache(model, [base[site] for site in inputs])
     docs = torch.arange(n)
+    chunk = _chunk_rows(model, max_batch)
     per_example = []
     if not roles:
         sites = []
@@ -289,7 +302,7 @@ def interchange(
                 original,
                 corrupted,
                 s_corr,
-                max_batch,
+                chunk,
             )
             _collect(site, scores, metrics, roles, n, s_orig, s_corr, rows, per_example)
             continue
@@ -305,10 +318,13 @@ def interchange(
             dst_pos == query_of_row if _past_last_mixer(model, site) else dst_pos <= query_of_row
         )
         todo = (todo & reaches).nonzero()[:, 0]
+        # In order of patch position: a chunk then holds few distinct positions, and the
+        # rows of one position run as one batch.
+        todo = todo[dst_pos[todo].argsort(stable=True)]
         start, first, direct = restarts[site]
         tail = not _in_last_block_tail(model, site)
-        for lo in range(0, len(todo), max_batch):
-            rows_ = todo[lo : lo + max_batch]
+        for lo in range(0, len(todo), chunk):
+            rows_ = todo[lo : lo + chunk]
             docs_, dst_, at_ = doc_of_row[rows_], dst_pos[rows_], corrupted.query[doc_of_row[rows_]]
             if direct:
                 x = base[start][docs_].clone()
@@ -400,6 +416,7 @@ def _restore_states(
     pairs = zip(_parts(values), _parts(corrupted_states), strict=True)
     same = torch.stack([(a == b).flatten(1).all(1) for a, b in pairs]).all(0)
     todo = (~same & (dst_pos <= at)).nonzero()[:, 0]
+    todo = todo[dst_pos[todo].argsort(stable=True)]
     halo = mixer.halo() or 0
     answer, candidates = original.answer, original.candidates
     for lo_row in range(0, len(todo), max_batch):

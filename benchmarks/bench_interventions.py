@@ -13,6 +13,12 @@ run against:
 Each line gives the time, the engine's speed-up over it, and the largest difference between
 its numbers and the engine's (restored likelihood per site x role).
 
+"work" is what the engine computes, in forward passes over the N documents: the positions
+each block's mixer reads (rows x window length at ``layers.{i}.mixer.input``) over N x T x
+layers, the original and corrupted runs included (2.0). pyvene batched runs about two
+forward passes per site x role; an exact engine that must compute this much cannot beat it
+by more than (2 x sites x roles) / work, however small its overheads.
+
     python benchmarks/bench_interventions.py [--docs 320] [--naive-docs 32]
         [--arch attention mamba ... | --run RUN_DIR ...] [--roles key value query] [--pyvene]
 
@@ -35,6 +41,7 @@ import torch
 
 from mecheval.interventions import interchange, naive_interchange
 from mecheval.models import ModelConfig, build_model, site_names
+from mecheval.models.sites import get_site, layer_site
 from mecheval.tasks import ROLES, ARConfig, build_datasets, corrupt, vocab_size
 
 
@@ -50,10 +57,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     summary = [measure(args, name, run) for name, run in models(args)]
-    print("\n| model | T | engine s | whole rows s | × | pyvene s | × | naive s | × |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| model | T | work | engine s | whole rows s | × | pyvene s | × | naive s | × |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in summary:
-        cells = [row["model"], str(row["T"]), f"{row['engine']:.2f}"]
+        cells = [row["model"], str(row["T"]), f"{row['work']:.1f}", f"{row['engine']:.2f}"]
         for baseline in ("whole rows", "pyvene batched", "naive loop"):
             seconds = row.get(baseline)
             cells += (
@@ -113,8 +120,9 @@ def measure(args: argparse.Namespace, name: str, run: str | None) -> dict:
         pyvene_batched(model, *warm, sites[:1], roles[:1])
     engine_s, fast = timed(lambda: interchange(model, original, corrupted, sites, roles))
     ours = restored(fast)
-    print(f"{'engine':<22} {engine_s:8.2f} s")
-    row = {"model": name, "T": length, "engine": engine_s}
+    work = forward_equivalents(model, original, corrupted, sites, roles)
+    print(f"{'engine':<22} {engine_s:8.2f} s  work {work:.1f} forward passes")
+    row = {"model": name, "T": length, "engine": engine_s, "work": work}
 
     def report(label: str, seconds: float, theirs: pd.Series, reference=ours, note="") -> None:
         diff = (reference - theirs.reindex(reference.index)).abs().max()
@@ -142,6 +150,24 @@ def measure(args: argparse.Namespace, name: str, run: str | None) -> dict:
     scaled = "" if n_naive == args.docs else f"  (run on {n_naive} docs, time scaled)"
     report("naive loop", naive_s, restored(slow), reference=check, note=scaled)
     return row
+
+
+def forward_equivalents(model, original, corrupted, sites, roles) -> float:
+    """The engine's work on these documents in forward passes (see the module doc), from an
+    untimed run with a counting hook on every block's ``mixer.input`` site."""
+    counted = [0]
+
+    def count(module, inputs, output) -> None:
+        counted[0] += output.shape[0] * output.shape[1]
+
+    names = [layer_site(i, "mixer.input") for i in range(len(model.layers))]
+    handles = [get_site(model, name).register_forward_hook(count) for name in names]
+    try:
+        interchange(model, original, corrupted, sites, roles)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return counted[0] / (original.tokens.numel() * len(model.layers))
 
 
 def pyvene_batched(model, original, corrupted, sites, roles) -> pd.Series:

@@ -43,9 +43,7 @@ def prefix_cache(model: LanguageModel, inputs: list[torch.Tensor]) -> PrefixCach
     for layer, x in zip(model.layers, inputs, strict=True):
         mixer = layer.mixer
         halo = mixer.halo() if mixer.resume_from_prefix else None
-        # The state after one position, times the positions and documents kept (for
-        # attention the cache of one position, so the same product is its whole cache).
-        per_position = mixer.recurrent_state_size(1)
+        per_position = mixer.prefix_state_size()
         if per_position is not None:
             size = x.shape[0] * x.shape[1] * per_position * x.element_size()
             halo = None if size > STATE_BUDGET_BYTES else halo

@@ -82,6 +82,12 @@ class Mixer(nn.Module):
         [B, T, d] (the input :meth:`mix` sees)."""
         return None
 
+    def prefix_state_size(self) -> int | None:
+        """Floats :meth:`prefix_states` keeps per document and position (the engine's memory
+        budget reads it): by default the recurrent state after one position, which for
+        attention is one position's keys and values. None: unknown."""
+        return self.recurrent_state_size(1)
+
     def state_at(self, states: Any, rows: torch.Tensor, start: int) -> Any:
         """The state carried into position ``start`` of documents ``rows`` (None at 0, or
         where the mixer keeps none). The default reads states kept as a recurrent state is

@@ -86,11 +86,27 @@ class BaseConv(Mixer):
     def max_length(self) -> int | None:
         return self.conv.filter.l_max if isinstance(self.conv, ImplicitLongConv) else None
 
-    def prefix_halo(self) -> int | None:
-        # A short conv reads kernel_size - 1 inputs before the cut and carries nothing else,
-        # so the window alone resumes it (the default prefix methods); a long convolution
-        # reads the whole history.
-        return self.conv.kernel_size - 1 if isinstance(self.conv, ShortConv) else None
+    # Resuming from a prefix (Mixer.prefix_states): a short conv reads kernel_size - 1 inputs
+    # before the cut and carries nothing else, so the window alone resumes it (the default
+    # prefix methods); a long convolution reads its input's whole history, which is then the
+    # state, [B, T, d] (as attention's is its keys and values).
+    def prefix_halo(self) -> int:
+        return self.conv.kernel_size - 1 if isinstance(self.conv, ShortConv) else 0
+
+    def prefix_states(self, x: torch.Tensor) -> torch.Tensor | None:
+        return None if isinstance(self.conv, ShortConv) else x
+
+    def state_at(self, states: torch.Tensor | None, rows: torch.Tensor, start: int):
+        return None if states is None or start == 0 else states[rows, :start]
+
+    def mix_from(
+        self, x: torch.Tensor, offset: int, state: torch.Tensor | None, replace: bool = False
+    ) -> torch.Tensor:
+        if isinstance(self.conv, ShortConv) or replace:
+            return super().mix_from(x, offset, state, replace)
+        u = x[:, offset:]
+        history = u if state is None else torch.cat([state, u], dim=1)
+        return self._combine(self.conv.forward_from(history, history.shape[1] - u.shape[1]), u)
 
     def recurrent_state_size(self, seq_len: int) -> int:
         # A short conv carries its buffer (counted by Mixer.state_size); a long convolution
@@ -98,7 +114,9 @@ class BaseConv(Mixer):
         return 0 if isinstance(self.conv, ShortConv) else self.projection.in_features * seq_len
 
     def mix(self, u: torch.Tensor) -> torch.Tensor:
-        u_conv = self.conv(u)
+        return self._combine(self.conv(u), u)
+
+    def _combine(self, u_conv: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         u_proj = self.projection(u)
         if self.use_act:
             return F.silu(u_conv) * F.silu(u_proj) + u

@@ -122,8 +122,13 @@ class ShiftSSM(nn.Module):
         return torch.fft.irfft(b_f.conj() * c_f, n=n)[:, :lags]
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
+        return self.forward_from(u, 0)
+
+    def forward_from(self, u: torch.Tensor, start: int) -> torch.Tensor:
+        """:meth:`forward` at positions ``start``.. of ``u`` [B, T, C], the input's whole
+        history: [B, T - start, C] (a mixer resumed from a prefix)."""
         k = self.kernel(min(u.shape[1], self.l_max))
-        return self.output(causal_long_conv(u, k) + u * self.D)
+        return self.output(causal_long_conv(u, k, start) + u[:, start:] * self.D)
 
 
 def shift_kernel_direct(b: torch.Tensor, c: torch.Tensor, lags: int) -> torch.Tensor:
@@ -421,23 +426,62 @@ class H3(Mixer):
         return self.conv.D.shape[0] * d_state + self.n_heads * self.head_dim**2 * d_state
 
     def mix(self, u: torch.Tensor) -> torch.Tensor:
-        b, t, d = u.shape
-        h, p = self.n_heads, self.head_dim
+        return self._mixed(u, None)
+
+    def _by_head(self, x: torch.Tensor) -> torch.Tensor:
+        # [B, T, p, h]: x[b, t, h * p + i], copied so that the head index is contiguous.
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.head_dim).transpose(2, 3).contiguous()
+
+    def _outer(self, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The diagonal SSM's input: the heads' outer products k' v [B, T, p * p * h]."""
+        # Channels laid out (i, j, head): channel (i, j, h) = k'[h, i] * v[h, j]. With the
+        # head innermost, the products and the sum over i run over contiguous memory (laid
+        # out (h, i, j), a 2 x 2 trailing block, they took a quarter of H3's training step);
+        # each channel is convolved with its head's kernel.
+        kv = self._by_head(k).unsqueeze(3) * self._by_head(v).unsqueeze(2)  # [B, T, i, j, h]
+        return kv.reshape(*k.shape[:2], -1)
+
+    def _mixed(
+        self, u: torch.Tensor, before: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> torch.Tensor:
+        """:meth:`mix`'s outputs at the positions of ``u`` [B, S, d], which follow positions
+        whose inputs to the two SSMs were ``before`` = (k before the shift SSM [B, P, d],
+        k' v [B, P, p * p * h]) (None: none; both convolutions read the whole history)."""
+        b, s, d = u.shape
+        p = self.head_dim
         q, k, v = self.q_proj(u), self.k_proj(u), self.v_proj(u)
-        k = self.conv(k)
+        start = 0 if before is None else before[0].shape[1]
+        if before is not None:
+            k = torch.cat([before[0], k], dim=1)
+        k = self.conv.forward_from(k, start)
+        kv = self._outer(k, v)
+        history = kv if before is None else torch.cat([before[1], kv], dim=1)
+        kernel = self.ssm(min(history.shape[1], self.l_max)).repeat(p * p, 1)
+        y = causal_long_conv(history, kernel, start) + kv * self.D.repeat(p * p)
+        y = (y.view(b, s, p, p, self.n_heads) * self._by_head(q).unsqueeze(3)).sum(2)
+        # [B, S, j, h], laid out (j, head), as zoology's output.
+        return self.output_linear(y.reshape(b, s, d))
 
-        def by_head(x: torch.Tensor) -> torch.Tensor:
-            # [B, T, p, h]: x[b, t, h * p + i], copied so that the head index is contiguous.
-            return x.view(b, t, h, p).transpose(2, 3).contiguous()
+    # Resuming from a prefix (Mixer.prefix_states): both SSMs are convolutions over their
+    # input's whole history (the shift SSM's kernel is d_state = 1024 taps long), so the state
+    # is those inputs at every position: k before the shift SSM, and k' v.
+    def prefix_halo(self) -> int:
+        return 0
 
-        # Outer product per head, channels laid out (i, j, head): channel (i, j, h) =
-        # k'[h, i] * v[h, j]. With the head innermost, the products and the sum over i run
-        # over contiguous memory (laid out (h, i, j), a 2 x 2 trailing block, they took a
-        # quarter of H3's training step); each channel is convolved with its head's kernel.
-        kv = by_head(k).unsqueeze(3) * by_head(v).unsqueeze(2)  # [B, T, i, j, h]
-        kernel = self.ssm(min(t, self.l_max)).repeat(p * p, 1)
-        kv = kv.reshape(b, t, p * p * h)
-        y = causal_long_conv(kv, kernel) + kv * self.D.repeat(p * p)
-        y = (y.view(b, t, p, p, h) * by_head(q).unsqueeze(3)).sum(2)  # [B, T, j, h]
-        # Laid out (j, head), as zoology's output.
-        return self.output_linear(y.reshape(b, t, d))
+    def prefix_state_size(self) -> int:
+        return self.conv.D.shape[0] + self.head_dim**2 * self.n_heads
+
+    def prefix_states(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k = self.k_proj(u)
+        return k, self._outer(self.conv(k), self.v_proj(u))
+
+    def state_at(self, states, rows: torch.Tensor, start: int):
+        if states is None or start == 0:
+            return None
+        return tuple(part[rows, :start] for part in states)
+
+    def mix_from(self, u: torch.Tensor, offset: int, state, replace: bool = False) -> torch.Tensor:
+        if replace:
+            raise NotImplementedError("H3 has no recurrent state site")
+        return self._mixed(u[:, offset:], state)

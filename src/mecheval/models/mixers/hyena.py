@@ -93,3 +93,28 @@ class Hyena(Mixer):
     def mix(self, u: torch.Tensor) -> torch.Tensor:
         x1, x2, v = self.conv(self.in_proj(u)).split(self.d_model, dim=-1)
         return self.out_proj(x2 * self.long_conv(x1 * v))
+
+    # Resuming from a prefix (Mixer.prefix_states): the long convolution reads its input's
+    # whole history, so the state is that input, x1 * v, at every position [B, T, d] (as
+    # attention's is its keys and values); the short conv reads its kernel size - 1 inputs
+    # before the cut.
+    def prefix_halo(self) -> int:
+        return self.conv.kernel_size - 1 if isinstance(self.conv, ShortConv) else 0
+
+    def prefix_states(self, u: torch.Tensor) -> torch.Tensor:
+        x1, _, v = self.conv(self.in_proj(u)).split(self.d_model, dim=-1)
+        return x1 * v
+
+    def state_at(self, states: torch.Tensor | None, rows: torch.Tensor, start: int):
+        return None if states is None or start == 0 else states[rows, :start]
+
+    def mix_from(
+        self, u: torch.Tensor, offset: int, state: torch.Tensor | None, replace: bool = False
+    ) -> torch.Tensor:
+        if replace:
+            raise NotImplementedError("Hyena has no recurrent state site")
+        x1, x2, v = (t[:, offset:] for t in self.conv(self.in_proj(u)).split(self.d_model, -1))
+        history = x1 * v if state is None else torch.cat([state, x1 * v], dim=1)
+        return self.out_proj(
+            x2 * self.long_conv.forward_from(history, history.shape[1] - v.shape[1])
+        )

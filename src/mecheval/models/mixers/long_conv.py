@@ -79,8 +79,9 @@ def direct_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return y.transpose(1, 2)
 
 
-def toeplitz_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Causal depthwise convolution as a product with the ``[C, T, T]`` Toeplitz matrix."""
+def toeplitz_causal_conv(u: torch.Tensor, k: torch.Tensor, start: int = 0) -> torch.Tensor:
+    """Causal depthwise convolution as a product with the ``[C, T, T]`` Toeplitz matrix; with
+    ``start``, its output rows ``start``.. alone: ``[B, T - start, C]``."""
     t = u.shape[1]
     k = _kernel_for_length(k, t).to(u.dtype)
     # r[c, j] = k[c, t - 1 - j] for j < t, then t - 1 zeros, so window t - 1 - i of r is row i
@@ -91,23 +92,26 @@ def toeplitz_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     # explicit copy matters: given strided operands, bmm falls back to one small product
     # (and a clone) per channel.
     ut = u.permute(2, 0, 1).contiguous()
-    return torch.matmul(ut, toeplitz.transpose(-1, -2)).permute(1, 2, 0)
+    return torch.matmul(ut, toeplitz[:, start:].transpose(-1, -2)).permute(1, 2, 0)
 
 
 #: Longest sequence for which :func:`causal_long_conv` builds the Toeplitz matrix on a CPU.
 TOEPLITZ_MAX_LEN = 128
 
 
-def causal_long_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+def causal_long_conv(u: torch.Tensor, k: torch.Tensor, start: int = 0) -> torch.Tensor:
+    """Causal depthwise convolution of ``u [B, T, C]`` with ``k [C, Lk]``, at output positions
+    ``start``.. (a mixer resumed from a prefix passes the whole history and wants the rest):
+    ``[B, T - start, C]``."""
     if u.is_cuda:
-        return fft_causal_conv(u, k).to(u.dtype)
+        return fft_causal_conv(u, k).to(u.dtype)[:, start:]
     if u.shape[1] <= TOEPLITZ_MAX_LEN:
         # In a training step, the direct sum in C (models/native.py): the Toeplitz product's
         # backward falls back to one small matrix product and a copy per channel inside bmm,
         # some 1,500 calls per H3 step at T = 11.
         direct = native_causal_conv(u, k)
-        return toeplitz_causal_conv(u, k) if direct is None else direct
-    return direct_causal_conv(u, k)
+        return toeplitz_causal_conv(u, k, start) if direct is None else direct[:, start:]
+    return direct_causal_conv(u, k)[:, start:]
 
 
 class Sin(nn.Module):
@@ -271,7 +275,13 @@ class ImplicitLongConv(nn.Module):
         return self.filter(length)
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
-        y = causal_long_conv(u, self.kernel(u.shape[1]))
+        return self.forward_from(u, 0)
+
+    def forward_from(self, u: torch.Tensor, start: int) -> torch.Tensor:
+        """:meth:`forward` at positions ``start``.. of ``u`` [R, T, C], the input's whole
+        history: [R, T - start, C] (a mixer resumed from a prefix, interventions/prefix.py)."""
+        y = causal_long_conv(u, self.kernel(u.shape[1]), start)
+        u = u[:, start:]
         if self.D is None:
             y = y + u
         else:

@@ -107,7 +107,7 @@ def ar_case(arch: str):
     return model, original, corrupted
 
 
-@pytest.mark.parametrize("arch", ["attention", "mamba", "deltanet", "hyena"])
+@pytest.mark.parametrize("arch", ["attention", "mamba", "deltanet", "hyena", "h3", "baseconv"])
 def test_the_engine_gives_the_same_numbers_with_and_without_resuming(arch: str) -> None:
     """Resuming changes which positions are computed, not the numbers: against the engine
     that recomputes whole sequences, to the issue's 1e-6 (float32 models)."""

@@ -226,6 +226,35 @@ def test_batched_equals_naive_on_variable_length_atr() -> None:
     assert_engine_equals_naive(*signal_case("based-atr"))
 
 
+def test_rows_of_nearby_positions_start_together(monkeypatch) -> None:
+    """With at most two start positions per chunk, rows start before their patch (at the
+    earliest position of their group): the same numbers as one batch per position."""
+    model = tiny("mamba")
+    original, corrupted = ar_pair(n=5)
+    per_position = engine.interchange(model, original, corrupted)
+    starts = engine._starts
+    seen = []
+
+    def recorded(*args):
+        out = starts(*args)
+        seen.append((torch.minimum(args[2], args[3]), out))
+        return out
+
+    monkeypatch.setattr(engine, "MAX_START_GROUPS", 2)
+    monkeypatch.setattr(engine, "_starts", recorded)
+    grouped = engine.interchange(model, original, corrupted)
+    moved = [(own, out) for own, out in seen if len(own.unique()) > 2]
+    assert moved, "no chunk had more than two positions: the grouping was not exercised"
+    for own, out in moved:
+        assert len(out.unique()) <= 2 and bool((out <= own).all()) and bool((out < own).any())
+    torch.testing.assert_close(
+        torch.tensor(grouped.per_example.restored.to_numpy()),
+        torch.tensor(per_position.per_example.restored.to_numpy()),
+        rtol=0.0,
+        atol=1e-6,
+    )
+
+
 def test_a_large_vocabulary_takes_fewer_rows_per_chunk(monkeypatch) -> None:
     """Chunks hold at most LOGITS_PER_CHUNK logits (the paper's 8,192 tokens: 256 rows of
     the default 4096); rows split so, out of their order (sorted by patch position), give

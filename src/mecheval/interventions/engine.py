@@ -69,6 +69,15 @@ from mecheval.tasks.scores import answer_scores, available_scores
 LOGITS_PER_CHUNK = 1 << 21
 
 
+#: The most distinct positions a chunk of patched rows resumes from (each a batch of its
+#: own): rows of nearby positions start together at the earliest of them, recomputing a few
+#: positions the corrupted run already had. Measured at d = 64, against one batch per
+#: position: the paper's AR (T = 35) attention 1.20 -> 1.11 s, Hyena 2.04 -> 1.80 s; the
+#: quick AR (T = 11) H3 0.64 -> 0.53 s, Mamba 0.68 -> 0.73 s (its scan's cost is per
+#: position); 4 groups were faster for attention and Hyena and 25 % slower for Mamba.
+MAX_START_GROUPS = 8
+
+
 def _chunk_rows(model: LanguageModel, max_batch: int) -> int:
     return max(1, min(max_batch, LOGITS_PER_CHUNK // model.embedding.num_embeddings))
 
@@ -180,11 +189,16 @@ def _starts(
     """Where each row resumes: its patch position, or its query if the patch lies after it
     (a later position cannot reach the query). Any earlier start is exact too: where no
     block from ``first`` on keeps a prefix state, every row starts at the earliest, so that
-    the rows run as one batch instead of one batch per position."""
+    the rows run as one batch instead of one batch per position; otherwise rows start at
+    no more than :data:`MAX_START_GROUPS` positions, each the earliest of its run of them."""
     starts = torch.minimum(patched, at)
     if all(halo is None for halo in prefix.halos[first:]):
-        starts = torch.full_like(starts, int(starts.min()))
-    return starts
+        return torch.full_like(starts, int(starts.min()))
+    distinct = starts.unique()  # sorted
+    if len(distinct) <= MAX_START_GROUPS:
+        return starts
+    bounds = distinct[:: -(-len(distinct) // MAX_START_GROUPS)].contiguous()
+    return bounds[torch.searchsorted(bounds, starts, right=True) - 1]
 
 
 def _resume_inside(

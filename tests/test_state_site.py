@@ -40,6 +40,17 @@ def mixer_with_swap(mixer, u: torch.Tensor, at: int, swap: torch.Tensor | None):
                 h = h if swap is None else swap
             ys.append((h * c[:, t, None, :]).sum(-1) + mixer.D * xs[:, t])
         return mixer.out_proj(torch.stack(ys, 1) * F.silu(z)), kept
+    if hasattr(mixer, "rg_lru"):  # Hawk: h_t = a_t h_{t-1} + drive_t, from h_{-1} = 0
+        y, log_a, drive = mixer.branches(u)
+        h = torch.zeros(1, drive.shape[-1], dtype=u.dtype)
+        hs = []
+        for t in range(length):
+            h = torch.exp(log_a[:, t]) * h + drive[:, t]
+            if t == at:
+                kept = h
+                h = h if swap is None else swap
+            hs.append(h)
+        return mixer.linear_out(torch.stack(hs, 1) * y), kept
     if hasattr(mixer, "featurise"):  # Based: S_t = S_{t-1} + φ(k_t) v_tᵀ, z_t = z_{t-1} + φ(k_t)
         q, k, v = mixer.featurise(u)
         s = torch.zeros(1, q.shape[1], q.shape[-1], v.shape[-1], dtype=u.dtype)
@@ -86,10 +97,25 @@ def logits_with_swap(model, tokens, query: int, layer: int, at: int, swap):
 
 @pytest.mark.parametrize(
     ("arch", "layer"),
-    [("mamba", 0), ("mamba", 1), ("deltanet", 0), ("deltanet", 1), ("based", 1)],
+    [
+        ("mamba", 0),
+        ("mamba", 1),
+        ("deltanet", 0),
+        ("deltanet", 1),
+        ("based", 1),
+        ("hawk", 0),
+        ("hawk", 1),
+    ],
 )
 def test_restoring_the_state_equals_a_hand_written_swap(arch: str, layer: int) -> None:
     model = model_for(arch)
+    if arch == "hawk":
+        # At init its temporal conv (N(0, 0.01 / 4)) nearly mutes the key: make it carry.
+        with torch.no_grad():
+            for block in model.layers:
+                block.mixer.conv.weight.normal_(
+                    0.0, 1.0, generator=torch.Generator().manual_seed(4)
+                )
     original = build_datasets(TASK)["dev"].batch(torch.arange(6))
     corrupted = corrupt(original, TASK, seed=3)
     site = f"layers.{layer}.mixer.state"

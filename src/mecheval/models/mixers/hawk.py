@@ -228,6 +228,15 @@ def rglru_scan(log_a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return _DiagonalScan.apply(a, x.transpose(0, 1)).transpose(0, 1)
 
 
+def _scan_from(log_a: torch.Tensor, x: torch.Tensor, initial: torch.Tensor) -> torch.Tensor:
+    """:func:`rglru_scan` from the state ``initial`` [B, W] before the first step (the scan
+    itself starts from zero: the first step's input takes a_0 ⊙ initial)."""
+    if log_a.shape[1] == 0:
+        return x
+    first = x[:, :1] + torch.exp(log_a[:, :1]) * initial[:, None]
+    return rglru_scan(log_a, torch.cat([first, x[:, 1:]], dim=1))
+
+
 def rg_lru_a_init(
     a_param: torch.Tensor, min_rad: float, max_rad: float, eps: float = 1e-8
 ) -> torch.Tensor:
@@ -278,16 +287,21 @@ class RGLRU(nn.Module):
         self.a_gate.reset_parameters()
         rg_lru_a_init(self.a_param, self.options.min_rad, self.options.max_rad)
 
-    def scan_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [B, T, W] -> (log a_t, the normalised, gated input) of h_t = a_t h_{t-1} + ..."""
+    def scan_inputs(
+        self, x: torch.Tensor, at_start: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, T, W] -> (log a_t, the normalised, gated input) of h_t = a_t h_{t-1} + ...;
+        ``at_start``: x's first position is the document's first (False for a window resumed
+        after it)."""
         gate_x = torch.sigmoid(self.input_gate(x))
         gate_a = torch.sigmoid(self.a_gate(x))
         log_a = -self.options.c * gate_a * F.softplus(self.a_param)
         multiplier = sqrt_bound_derivative(-torch.expm1(2 * log_a))
-        # The reference's reset at the document start: h_0 = i_0 ⊙ x_0 (a_0 and the
-        # normalisation are dropped there).
-        multiplier = torch.cat([torch.ones_like(multiplier[:, :1]), multiplier[:, 1:]], dim=1)
-        log_a = torch.cat([torch.zeros_like(log_a[:, :1]), log_a[:, 1:]], dim=1)
+        if at_start:
+            # The reference's reset at the document start: h_0 = i_0 ⊙ x_0 (a_0 and the
+            # normalisation are dropped there).
+            multiplier = torch.cat([torch.ones_like(multiplier[:, :1]), multiplier[:, 1:]], 1)
+            log_a = torch.cat([torch.zeros_like(log_a[:, :1]), log_a[:, 1:]], dim=1)
         return log_a, x * gate_x * multiplier
 
 
@@ -329,6 +343,33 @@ class Hawk(Mixer):
     def mix(self, x: torch.Tensor) -> torch.Tensor:
         y, log_a, drive = self.branches(x)
         h = rglru_scan(log_a, drive)
+        return self.linear_out(h * y)
+
+    # Resuming from a prefix (Mixer.prefix_states): the state is the RG-LRU's h after each
+    # position, [B, T, lru_width]; the temporal conv reads conv_size - 1 inputs before the cut.
+    def prefix_halo(self) -> int:
+        return self.conv.kernel_size - 1 if isinstance(self.conv, ShortConv) else 0
+
+    def prefix_states(self, x: torch.Tensor) -> torch.Tensor:
+        _, log_a, drive = self.branches(x)
+        return rglru_scan(log_a, drive)
+
+    has_recurrent_state = True
+
+    def mix_from(
+        self, x: torch.Tensor, offset: int, state: torch.Tensor | None, replace: bool = False
+    ) -> torch.Tensor:
+        if state is None:  # no state: the window starts at the document's start
+            return self.mix(x)[:, offset:]
+        y = F.gelu(self.linear_y(x[:, offset:]), approximate="tanh")
+        log_a, drive = self.rg_lru.scan_inputs(self.conv(self.linear_x(x))[:, offset:], False)
+        if replace:
+            # The state after the window's first position is given: its output reads it, the
+            # rest of the window continues from it.
+            rest = _scan_from(log_a[:, 1:], drive[:, 1:], state)
+            h = torch.cat([state[:, None], rest], dim=1)
+        else:
+            h = _scan_from(log_a, drive, state)
         return self.linear_out(h * y)
 
     def mix_recurrent(self, x: torch.Tensor) -> torch.Tensor:

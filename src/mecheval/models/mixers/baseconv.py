@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
-from mecheval.models.mixers.base import Mixer, ShortConv
+from mecheval.models.mixers.base import Mixer, ShortConv, index_states
 from mecheval.models.mixers.long_conv import ImplicitLongConv, MLPFilter
 
 #: zoology's ImplicitLongConvolution hidden width (``d_hidden``; BaseConv passes none)
@@ -96,8 +96,9 @@ class BaseConv(Mixer):
     def prefix_states(self, x: torch.Tensor) -> torch.Tensor | None:
         return None if isinstance(self.conv, ShortConv) else x
 
-    def state_at(self, states: torch.Tensor | None, rows: torch.Tensor, start: int):
-        return None if states is None or start == 0 else states[rows, :start]
+    def state_at(self, states, rows: torch.Tensor, start: int):
+        # The history before the cut, not the state after one position.
+        return None if states is None or start == 0 else index_states(states, rows, slice(start))
 
     def mix_from(
         self, x: torch.Tensor, offset: int, state: torch.Tensor | None, replace: bool = False

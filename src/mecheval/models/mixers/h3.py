@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
 from mecheval.models import native
-from mecheval.models.mixers.base import Mixer, table1_constant
+from mecheval.models.mixers.base import Mixer, index_states, table1_constant
 from mecheval.models.mixers.long_conv import causal_long_conv
 from mecheval.models.sites import Site
 
@@ -477,9 +477,8 @@ class H3(Mixer):
         return k, self._outer(self.conv(k), self.v_proj(u))
 
     def state_at(self, states, rows: torch.Tensor, start: int):
-        if states is None or start == 0:
-            return None
-        return tuple(part[rows, :start] for part in states)
+        # The history before the cut, not the state after one position.
+        return None if states is None or start == 0 else index_states(states, rows, slice(start))
 
     def mix_from(self, u: torch.Tensor, offset: int, state, replace: bool = False) -> torch.Tensor:
         if replace:

@@ -28,7 +28,13 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
-from mecheval.models.mixers.base import Mixer, ShortConv, optional_conv, table1_constant
+from mecheval.models.mixers.base import (
+    Mixer,
+    ShortConv,
+    index_states,
+    optional_conv,
+    table1_constant,
+)
 from mecheval.models.mixers.long_conv import ImplicitFilter, ImplicitLongConv
 
 
@@ -105,8 +111,9 @@ class Hyena(Mixer):
         x1, _, v = self.conv(self.in_proj(u)).split(self.d_model, dim=-1)
         return x1 * v
 
-    def state_at(self, states: torch.Tensor | None, rows: torch.Tensor, start: int):
-        return None if states is None or start == 0 else states[rows, :start]
+    def state_at(self, states, rows: torch.Tensor, start: int):
+        # The history before the cut, not the state after one position.
+        return None if states is None or start == 0 else index_states(states, rows, slice(start))
 
     def mix_from(
         self, u: torch.Tensor, offset: int, state: torch.Tensor | None, replace: bool = False

@@ -256,6 +256,14 @@ def optional_conv(channels: int, kernel_size: int | None, bias: bool = True) -> 
     return nn.Identity() if kernel_size is None else ShortConv(channels, kernel_size, bias)
 
 
+def with_history(before: torch.Tensor | None, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A convolution's input ``x`` [R, S, C] after its inputs ``before`` [R, P, C] (None:
+    none), for a mixer resumed from a prefix: (the whole history [R, P + S, C], P)."""
+    if before is None:
+        return x, 0
+    return torch.cat([before, x], dim=1), before.shape[1]
+
+
 def index_states(states: Any, *index: torch.Tensor | int) -> Any:
     """``states[index]`` of a recurrent state kept per position: one tensor [B, T, ...] or a
     tuple of them (Based's S and z)."""

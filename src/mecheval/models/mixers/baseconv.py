@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
-from mecheval.models.mixers.base import Mixer, ShortConv, index_states
+from mecheval.models.mixers.base import Mixer, ShortConv, index_states, with_history
 from mecheval.models.mixers.long_conv import ImplicitLongConv, MLPFilter
 
 #: zoology's ImplicitLongConvolution hidden width (``d_hidden``; BaseConv passes none)
@@ -106,8 +106,7 @@ class BaseConv(Mixer):
         if isinstance(self.conv, ShortConv) or replace:
             return super().mix_from(x, offset, state, replace)
         u = x[:, offset:]
-        history = u if state is None else torch.cat([state, u], dim=1)
-        return self._combine(self.conv.forward_from(history, history.shape[1] - u.shape[1]), u)
+        return self._combine(self.conv.forward_from(*with_history(state, u)), u)
 
     def recurrent_state_size(self, seq_len: int) -> int:
         # A short conv carries its buffer (counted by Mixer.state_size); a long convolution

@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
 from mecheval.models import native
-from mecheval.models.mixers.base import Mixer, index_states, table1_constant
+from mecheval.models.mixers.base import Mixer, index_states, table1_constant, with_history
 from mecheval.models.mixers.long_conv import causal_long_conv
 from mecheval.models.sites import Site
 
@@ -451,12 +451,9 @@ class H3(Mixer):
         b, s, d = u.shape
         p = self.head_dim
         q, k, v = self.q_proj(u), self.k_proj(u), self.v_proj(u)
-        start = 0 if before is None else before[0].shape[1]
-        if before is not None:
-            k = torch.cat([before[0], k], dim=1)
-        k = self.conv.forward_from(k, start)
-        kv = self._outer(k, v)
-        history = kv if before is None else torch.cat([before[1], kv], dim=1)
+        k_before, kv_before = (None, None) if before is None else before
+        kv = self._outer(self.conv.forward_from(*with_history(k_before, k)), v)
+        history, start = with_history(kv_before, kv)
         kernel = self.ssm(min(history.shape[1], self.l_max)).repeat(p * p, 1)
         y = causal_long_conv(history, kernel, start) + kv * self.D.repeat(p * p)
         y = (y.view(b, s, p, p, self.n_heads) * self._by_head(q).unsqueeze(3)).sum(2)

@@ -34,6 +34,7 @@ from mecheval.models.mixers.base import (
     index_states,
     optional_conv,
     table1_constant,
+    with_history,
 )
 from mecheval.models.mixers.long_conv import ImplicitFilter, ImplicitLongConv
 
@@ -121,7 +122,4 @@ class Hyena(Mixer):
         if replace:
             raise NotImplementedError("Hyena has no recurrent state site")
         x1, x2, v = (t[:, offset:] for t in self.conv(self.in_proj(u)).split(self.d_model, -1))
-        history = x1 * v if state is None else torch.cat([state, x1 * v], dim=1)
-        return self.out_proj(
-            x2 * self.long_conv.forward_from(history, history.shape[1] - v.shape[1])
-        )
+        return self.out_proj(x2 * self.long_conv.forward_from(*with_history(state, x1 * v)))

@@ -50,14 +50,8 @@ def untrained(model_cfg):
     return build_model(model_cfg)
 
 
-@pytest.mark.parametrize(
-    ("weights", "expected"),
-    [(lambda _: hand_built_induction(), "induction"), (untrained, "not learned")],
-    ids=["induction", "untrained"],
-)
-def test_intervene_run_writes_tidy_rows_and_a_label(tmp_path, weights, expected) -> None:
-    """A run folder whose weights have a known mechanism (tests/test_mechanism_labels.py's
-    hand-built induction model, or an untrained model) gets that label."""
+def run_with_weights(tmp_path, weights):
+    """A finished run folder of the hand-built model's task and width, holding ``weights``."""
     data = json.loads(json.dumps(BASE))
     data["task"].update(n_pairs=2, n_dev=64)  # the hand-built model's task and width
     data["model"].update(d_model=D, max_len=P)
@@ -66,7 +60,18 @@ def test_intervene_run_writes_tidy_rows_and_a_label(tmp_path, weights, expected)
     run_dir = tmp_path / "r"
     assert train(cfg, run_dir)["state"] == "done"
     save_file(weights(load_run(run_dir)[0].model).state_dict(), run_dir / MODEL_FILE)
+    return run_dir
 
+
+@pytest.mark.parametrize(
+    ("weights", "expected"),
+    [(lambda _: hand_built_induction(), "induction"), (untrained, "not learned")],
+    ids=["induction", "untrained"],
+)
+def test_intervene_run_writes_tidy_rows_and_a_label(tmp_path, weights, expected) -> None:
+    """A run folder whose weights have a known mechanism (tests/test_mechanism_labels.py's
+    hand-built induction model, or an untrained model) gets that label."""
+    run_dir = run_with_weights(tmp_path, weights)
     measured = intervene_run(run_dir, InterventionPlan(split="dev"))
     on_disk = pd.read_csv(run_dir / "interventions.csv", keep_default_na=False)
     assert len(on_disk) == len(measured.rows)
@@ -93,6 +98,36 @@ def test_intervene_run_writes_tidy_rows_and_a_label(tmp_path, weights, expected)
         assert max(label["recovered"], key=label["recovered"].get) == "value"
     else:
         assert label["original"] < 0.2
+
+
+def test_intervene_at_sites_without_a_label_prints_their_table_and_keeps_the_label(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """Sites the label is not read at (here the first block's input; a recurrent state's
+    site alike): their restore table, one line naming the label's site, exit 0; the
+    restores written, the label read before from the label's site kept."""
+    from small_runs import run_cli
+
+    run_dir = run_with_weights(tmp_path, lambda _: hand_built_induction())
+    code, out, err = run_cli(monkeypatch, capsys, "intervene", str(run_dir), "--split", "dev")
+    assert code == 0, err
+    before = (run_dir / "mechanism.json").read_text()
+    assert json.loads(before)["label"] == "induction"
+
+    args = ("intervene", str(run_dir), "--split", "dev", "--sites", "layers.0.input")
+    code, out, err = run_cli(monkeypatch, capsys, *args)
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert [line.split("|")[1].strip() for line in lines if line.startswith("| layers")] == [
+        "layers.0.input"
+    ]
+    assert (
+        "mechanism: not read here; a label is read from the key, value and query restores at "
+        "layers.1.input (add --sites layers.1.input)"
+    ) in lines
+    written = pd.read_csv(run_dir / "interventions.csv", keep_default_na=False)
+    assert set(written[written.condition == "restored"].site) == {"layers.0.input"}
+    assert (run_dir / "mechanism.json").read_text() == before
 
 
 def test_emergence_callback_records_every_evaluation_and_survives_resume(tmp_path) -> None:

@@ -75,8 +75,15 @@ def intervene_command(
     what = "the true answer" if metric in ("likelihood", "accuracy") else "the candidates"
     typer.echo(f"{metric} of {what} (%), {split} split, {measured.n_docs}{which} documents:")
     typer.echo(view.to_markdown())
-    binding = measured.label.binding_line()
-    if binding:
-        typer.echo(f"\noriginal documents: {binding}")
-    typer.echo(f"\nmechanism: {measured.label}")
+    if measured.label is None:
+        where = " or ".join(measured.label_sites)
+        typer.echo(
+            f"\nmechanism: not read here; a label is read from the key, value and query "
+            f"restores at {where} (add --sites {measured.label_sites[-1]})"
+        )
+    else:
+        binding = measured.label.binding_line()
+        if binding:
+            typer.echo(f"\noriginal documents: {binding}")
+        typer.echo(f"\nmechanism: {measured.label}")
     typer.echo(f"wrote {run_dir / INTERVENTIONS_FILE}")

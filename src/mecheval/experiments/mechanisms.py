@@ -20,7 +20,14 @@ import pandas as pd
 import torch
 
 from mecheval.errors import ConfigError
-from mecheval.interventions import InterchangeResult, MechanismLabel, interchange, label_mechanism
+from mecheval.interventions import (
+    InterchangeResult,
+    MechanismLabel,
+    interchange,
+    label_mechanism,
+    label_sites,
+    readable_sites,
+)
 from mecheval.io import atomic_write_text
 from mecheval.models import LanguageModel
 from mecheval.models.sites import last_layer_input, local_mixing_sites, parse_site
@@ -139,12 +146,14 @@ def written_label(run_dir: Path) -> str | None:
 @dataclass(frozen=True)
 class RunMechanism:
     """What :func:`intervene_run` measured: the engine's result (its own table, for views),
-    the same numbers in the results store's schema (as written), and the label."""
+    the same numbers in the results store's schema (as written), and the label (None: the
+    plan measured none of the sites it is read at, ``label_sites``)."""
 
     result: InterchangeResult
     rows: pd.DataFrame
-    label: MechanismLabel
+    label: MechanismLabel | None
     n_docs: int  # the documents measured (after InterventionPlan.documents' choice)
+    label_sites: tuple[str, ...]  # where a label is read (the first that was measured)
 
 
 def intervene_run(
@@ -156,7 +165,11 @@ def intervene_run(
 ) -> RunMechanism | None:
     """Run the plan's interventions on a finished run and write them into its folder
     (None: ``skip_existing`` and they were there). ``loaded`` is the run's (config, model)
-    when the caller has loaded it already; ``cache_dir`` the dataset cache it trained with."""
+    when the caller has loaded it already; ``cache_dir`` the dataset cache it trained with.
+
+    A plan whose sites carry no label (a recurrent state's alone) writes its restores and
+    leaves ``mechanism.json`` as it was: the label, read from other sites of the same
+    model, still holds."""
     run_dir = Path(run_dir)
     plan = plan or InterventionPlan()
     target = run_dir / INTERVENTIONS_FILE
@@ -167,13 +180,14 @@ def intervene_run(
     pair = eval_batch(cfg.task, plan.split, plan.n_docs, cache_dir, plan.documents)
     rows, result = measure(model, plan, step, pair)
     candidates = pair[0].candidates
+    local_sites = local_mixing_sites(model, 0)
+    n_layers = cfg.model.n_layers
+    where = tuple(label_sites(n_layers, local_sites))
+    if not readable_sites(result.table, n_layers, local_sites):
+        atomic_write_text(target, rows.to_csv(index=False))
+        return RunMechanism(result, rows, None, len(pair[0]), where)
     chance = None if candidates is None else chance_level(candidates)
-    label = label_mechanism(
-        result.table,
-        n_layers=cfg.model.n_layers,
-        chance=chance,
-        local_sites=local_mixing_sites(model, 0),
-    )
+    label = label_mechanism(result.table, n_layers, chance=chance, local_sites=local_sites)
     record = {
         **asdict(label),
         "range": label.range,
@@ -185,7 +199,7 @@ def intervene_run(
     }
     atomic_write_text(run_dir / MECHANISM_FILE, json.dumps(record, indent=2) + "\n")
     atomic_write_text(target, rows.to_csv(index=False))
-    return RunMechanism(result, rows, label, len(pair[0]))
+    return RunMechanism(result, rows, label, len(pair[0]), where)
 
 
 class EmergenceCallback:

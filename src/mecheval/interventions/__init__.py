@@ -1,7 +1,14 @@
 """Interchange interventions: patch sites, batched restores, mechanism labels."""
 
 from mecheval.interventions.engine import InterchangeResult, interchange, naive_interchange
-from mecheval.interventions.labels import MechanismLabel, Thresholds, label_mechanism, label_site
+from mecheval.interventions.labels import (
+    MechanismLabel,
+    Thresholds,
+    label_mechanism,
+    label_site,
+    label_sites,
+    readable_sites,
+)
 from mecheval.interventions.metrics import restore_view
 from mecheval.interventions.patch import patch, record
 
@@ -12,8 +19,10 @@ __all__ = [
     "interchange",
     "label_mechanism",
     "label_site",
+    "label_sites",
     "naive_interchange",
     "patch",
+    "readable_sites",
     "record",
     "restore_view",
 ]

@@ -137,6 +137,25 @@ def label_site(n_layers: int) -> str:
     return last_layer_input(n_layers) if n_layers >= 2 else layer_site(0, "output")
 
 
+def label_sites(n_layers: int, local_sites: Sequence[str] = ()) -> list[str]:
+    """The sites a label can be read at, in the order they are tried (module docstring): a
+    one-layer model's short mixing steps (``local_sites``), then :func:`label_site`."""
+    return [*(local_sites if n_layers == 1 else ()), label_site(n_layers)]
+
+
+def readable_sites(
+    table: pd.DataFrame, n_layers: int, local_sites: Sequence[str] = ()
+) -> list[str]:
+    """The sites the label is read at among those where ``table`` restores a labelled role:
+    the measured short mixing steps of a one-layer block, else :func:`label_site`. Empty
+    when the table has none of them (other sites only, such as a recurrent state's): then
+    no label can be read."""
+    restored = table[(table.metric == "likelihood") & (table.condition == "restored")]
+    measured = set(restored.site[restored.role.isin(list(LABELS))])
+    local = [site for site in local_sites if site in measured] if n_layers == 1 else []
+    return local or [site for site in [label_site(n_layers)] if site in measured]
+
+
 def _recovered(
     likelihood: pd.DataFrame, site: str, corrupted: float, gap: float
 ) -> tuple[dict[str, float], dict[str, float]]:
@@ -192,9 +211,10 @@ def label_mechanism(
     }
     original, corrupted = one("original"), one("corrupted")
     gap = original - corrupted
-    measured = set(likelihood.site[likelihood.condition == "restored"])
-    local = [site for site in local_sites if site in measured] if n_layers == 1 else []
-    sites = local or [label_site(n_layers)]
+    sites = readable_sites(table, n_layers, local_sites)
+    if not sites:
+        where = " or ".join(label_sites(n_layers, local_sites))
+        raise ValueError(f"label: the table has no restores at {where} (key/value/query)")
     read = [(site, *_recovered(likelihood, site, corrupted, gap)) for site in sites]
     # the first site whose best role recovers most (max keeps the first of equals)
     site, restored, recovered = max(read, key=lambda r: max(r[2].values(), default=-math.inf))
@@ -209,8 +229,6 @@ def label_mechanism(
         label = "not learned"
     elif gap < thresholds.min_gap:
         label = "inconclusive"
-    elif not recovered:
-        raise ValueError(f"label: the table has no restores at {site} (key/value/query)")
     else:
         best = max(recovered, key=recovered.__getitem__)
         label = LABELS[best] if recovered[best] >= thresholds.min_fraction else "unclear"

@@ -80,6 +80,19 @@ def test_fft_conv_equals_direct_and_naive_causal_conv(t: int, klen: int, seed: i
     )
 
 
+def test_fft_conv_takes_bfloat16_inputs_and_transforms_them_in_float32() -> None:
+    """Under bf16 autocast on a GPU the convolution's input arrives in bfloat16 (the FFTs
+    have no kernel for it on any device, this CPU's included); the kernel stays float32."""
+    g = gen(15)
+    u = torch.randn(2, 19, 4, generator=g).bfloat16()
+    k = torch.randn(4, 19, generator=g)
+    out = fft_causal_conv(u, k)
+    assert out.dtype == torch.bfloat16
+    # The exact convolution of the bf16-rounded input, rounded once to bf16.
+    ref = naive_causal_conv(u.double(), k.double())
+    torch.testing.assert_close(out, ref.bfloat16(), rtol=1.6e-2, atol=1e-2)
+
+
 @pytest.mark.parametrize("upstream", ["dense", "expanded"])
 def test_toeplitz_conv_gradients_match_direct(upstream: str) -> None:
     """Also when the gradient arriving at the conv is an expanded, permuted tensor, as H3's

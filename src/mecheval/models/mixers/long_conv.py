@@ -59,14 +59,17 @@ def fft_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Causal depthwise convolution by FFT. ``u [B, T, C]``, ``k [C, Lk]`` -> ``[B, T, C]``.
 
     Taps beyond ``T`` cannot reach any output and are dropped; a kernel shorter than ``T``
-    acts as if zero-extended.
+    acts as if zero-extended. Half-precision inputs (under bf16 autocast on a GPU) are
+    transformed in float32 and the result cast back, as zoology's ``fft_conv`` casts its
+    input to the float32 kernel: the FFTs have no bfloat16 kernel on any device.
     """
     t = u.shape[1]
     k = _kernel_for_length(k, t)
     n = 2 * t  # >= 2T - 1: no output in [0, T) wraps around
-    u_f = torch.fft.rfft(u, n=n, dim=1)  # [B, n//2 + 1, C]
-    k_f = torch.fft.rfft(k, n=n, dim=-1).transpose(0, 1)  # [n//2 + 1, C]
-    return torch.fft.irfft(u_f * k_f, n=n, dim=1)[:, :t]
+    wide = u.float() if u.dtype in (torch.bfloat16, torch.float16) else u
+    u_f = torch.fft.rfft(wide, n=n, dim=1)  # [B, n//2 + 1, C]
+    k_f = torch.fft.rfft(k.to(wide.dtype), n=n, dim=-1).transpose(0, 1)  # [n//2 + 1, C]
+    return torch.fft.irfft(u_f * k_f, n=n, dim=1)[:, :t].to(u.dtype)
 
 
 def direct_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -104,7 +107,7 @@ def causal_long_conv(u: torch.Tensor, k: torch.Tensor, start: int = 0) -> torch.
     ``start``.. (a mixer resumed from a prefix passes the whole history and wants the rest):
     ``[B, T - start, C]``."""
     if u.is_cuda:
-        return fft_causal_conv(u, k).to(u.dtype)[:, start:]
+        return fft_causal_conv(u, k)[:, start:]
     if u.shape[1] <= TOEPLITZ_MAX_LEN:
         # In a training step, the direct sum in C (models/native.py): the Toeplitz product's
         # backward falls back to one small matrix product and a copy per channel inside bmm,

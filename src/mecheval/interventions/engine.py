@@ -49,7 +49,7 @@ import torch
 
 from mecheval.interventions.patch import patch, record
 from mecheval.interventions.prefix import PrefixCache, prefix_cache, run_from
-from mecheval.models.backbone import LanguageModel
+from mecheval.models.backbone import LanguageModel, model_device
 from mecheval.models.mixers.base import index_states
 from mecheval.models.sites import (
     FINAL_NORM_INPUT,
@@ -275,6 +275,9 @@ def interchange(
     roles = list(roles) if roles is not None else batch_roles(original)
     _check(original, corrupted, roles)
     _check_state_sites(model, sites)
+    # The documents come from the CPU datasets; everything runs where the model is.
+    device = model_device(model)
+    original, corrupted = original.to(device), corrupted.to(device)
     n = len(original)
     answer, candidates, metrics = original.answer, original.candidates, _metrics(original)
     state_sites = set(state_site_names(model))
@@ -294,7 +297,7 @@ def interchange(
     prefix = None
     if resume or with_states:
         prefix = prefix_cache(model, [base[site] for site in inputs])
-    docs = torch.arange(n)
+    docs = torch.arange(n, device=device)
     chunk = _chunk_rows(model, max_batch)
     per_example = []
     if not roles:
@@ -342,7 +345,7 @@ def interchange(
             docs_, dst_, at_ = doc_of_row[rows_], dst_pos[rows_], corrupted.query[doc_of_row[rows_]]
             if direct:
                 x = base[start][docs_].clone()
-                x[torch.arange(len(rows_)), dst_] = values[rows_]
+                x[torch.arange(len(rows_), device=device), dst_] = values[rows_]
                 if resume:
                     logits = _from_patch(model, prefix, first, docs_, dst_, x, at_)
                 else:
@@ -382,14 +385,15 @@ def _collect(
 ) -> None:
     """Append a site's restored scores [metrics, roles x n] to the table rows and the
     per-example frames."""
-    by_role = scores.view(len(metrics), len(roles), n)
+    by_role = scores.view(len(metrics), len(roles), n).cpu()
+    s_orig, s_corr = s_orig.cpu(), s_corr.cpu()
     for k, role in enumerate(roles):
         for m, metric in enumerate(metrics):
             rows.append(("restored", site, role, metric, by_role[m, k].mean().item()))
         per_example.append(
             pd.DataFrame(
                 {
-                    "doc": torch.arange(n).numpy(),
+                    "doc": range(n),
                     "site": site,
                     "role": role,
                     "restored": by_role[0, k].numpy(),
@@ -472,6 +476,8 @@ def naive_interchange(
     sites = list(sites) if sites is not None else site_names(model)
     roles = list(roles) if roles is not None else batch_roles(original)
     _check(original, corrupted, roles)
+    device = model_device(model)
+    original, corrupted = original.to(device), corrupted.to(device)
     candidates, metrics = original.candidates, _metrics(original)
     s_orig = _scores(model(original.tokens, at=original.query), original.answer, candidates)
     s_corr = _scores(model(corrupted.tokens, at=corrupted.query), original.answer, candidates)

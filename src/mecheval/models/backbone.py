@@ -235,6 +235,11 @@ def build_model(config: ModelConfig) -> LanguageModel:
     return LanguageModel(config)
 
 
+def model_device(model: nn.Module) -> torch.device:
+    """The device a model's parameters are on: where its inputs must go."""
+    return next(model.parameters()).device
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 

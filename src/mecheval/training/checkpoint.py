@@ -28,6 +28,7 @@ from torch import nn
 
 from mecheval.errors import first_line
 from mecheval.io import atomic_save_safetensors, atomic_write_json, read_json
+from mecheval.models.backbone import model_device
 
 FORMAT = 1
 STATE_FILE = "state.json"
@@ -82,7 +83,7 @@ def save_checkpoint(
 ) -> Path:
     """Write the full training state at ``step``; ``scalars`` must be JSON-serialisable."""
     folder.mkdir(parents=True, exist_ok=True)
-    device = next(model.parameters()).device
+    device = model_device(model)
     tensors: dict[str, torch.Tensor] = {f"model.{k}": v for k, v in model.state_dict().items()}
     opt = optimizer.state_dict()
     optim_scalars: dict[str, dict[str, Any]] = {}
@@ -189,7 +190,7 @@ def load_checkpoint(
     The checkpoint is read and checked whole first (:func:`read_checkpoint`): a corrupt one
     raises :class:`CorruptCheckpoint` with nothing restored."""
     meta, tensors = read_checkpoint(folder, model, optimizer)
-    device = next(model.parameters()).device
+    device = model_device(model)
     model.load_state_dict(
         {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
     )

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mecheval.io import atomic_write_csv
+from mecheval.models.backbone import model_device
 from mecheval.tasks import Batch, TaskDataset
 from mecheval.tasks.batch import ANSWER_POSITIONS, ANSWERS
 from mecheval.tasks.scores import answer_scores
@@ -99,7 +100,7 @@ def evaluate(
 ) -> dict[str, float]:
     """Mean likelihood of the answer, accuracy and loss of ``model`` over ``dataset``."""
     if device is None:
-        device = next(model.parameters()).device
+        device = model_device(model)
     batches = (b.to(device) for b in dataset.iter_batches(batch_size, shuffle=False))
     return evaluate_batches(model, batches)
 

@@ -55,9 +55,11 @@ class RetNetOptions(BaseModel):
     norm_eps: float = Field(1e-5, gt=0.0, le=1.0, description="eps of the output RMSNorm")
 
 
-def retention_decays(num_heads: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def retention_decays(
+    num_heads: int, dtype: torch.dtype = torch.float64, device: torch.device | None = None
+) -> torch.Tensor:
     """γ_h = 1 - 2^(-5 - h) for h = 0 .. H-1 (fla's ``1 - 2**(-5 - arange(H))``)."""
-    return 1 - 2.0 ** (-5 - torch.arange(num_heads, dtype=dtype))
+    return 1 - 2.0 ** (-5 - torch.arange(num_heads, dtype=dtype, device=device))
 
 
 def rotary(x: torch.Tensor, base: float) -> torch.Tensor:
@@ -128,9 +130,9 @@ class RetNet(Mixer):
         self.o_proj = nn.Linear(self.value_dim, d_model, bias=False)
         self.g_norm_swish_gate = nn.RMSNorm(self.head_v_dim, eps=o.norm_eps)
 
-    def decays(self) -> torch.Tensor:
-        """γ_h of every head, float64."""
-        return retention_decays(self.num_heads)
+    def decays(self, device: torch.device | None = None) -> torch.Tensor:
+        """γ_h of every head, float64, made on ``device``."""
+        return retention_decays(self.num_heads, device=device)
 
     def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, T, d] -> rotated q (scaled), k [B, H, T, d_k/H] and v [B, H, T, d_v/H]."""
@@ -155,11 +157,11 @@ class RetNet(Mixer):
 
     def mix(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x)
-        gamma = self.decays().to(device=x.device)
+        gamma = self.decays(x.device)
         return self.finish(retention_parallel(q, k, v, gamma), x)
 
     def mix_recurrent(self, x: torch.Tensor) -> torch.Tensor:
         """:meth:`mix` with the step-by-step recurrence (for tests and debugging)."""
         q, k, v = self.qkv(x)
-        gamma = self.decays().to(device=x.device)
+        gamma = self.decays(x.device)
         return self.finish(retention_recurrent(q, k, v, gamma), x)

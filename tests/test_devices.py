@@ -1,0 +1,65 @@
+"""Every stage follows the model's device, checked on a CPU.
+
+CI has no GPU, so the crash classes a GPU showed are guarded here by their CPU form:
+
+- a tensor made without the model's device (on a GPU: indices on the CPU meeting tensors on
+  the card). Under ``torch.device("meta")`` every tensor made without an explicit device is
+  a meta tensor, and the first operation that meets one with the model's CPU tensors fails,
+  as a CPU tensor meets a CUDA one;
+- documents left on the CPU while the model is elsewhere: the engine must move them.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from mecheval.interventions import interchange
+from mecheval.models import ModelConfig, build_model
+from mecheval.models.registry import BUILTIN_ARCHITECTURES
+from mecheval.models.sites import state_site_names
+from mecheval.tasks import ARConfig, Batch, build_datasets, corrupt, vocab_size
+
+TASK = ARConfig(kind="ar", n_keys=8, n_values=8, n_pairs=3, n_train=0, n_dev=6, n_test=0)
+
+
+def small_model(arch: str):
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        architecture=arch, d_model=16, n_layers=2, vocab_size=vocab_size(TASK), max_len=16
+    )
+    return build_model(cfg).eval()
+
+
+def documents() -> tuple[Batch, Batch]:
+    original = build_datasets(TASK)["dev"].batch(torch.arange(6))
+    return original, corrupt(original, TASK, seed=3)
+
+
+@pytest.mark.parametrize("arch", BUILTIN_ARCHITECTURES)
+def test_the_engine_makes_every_tensor_on_the_models_device(arch: str) -> None:
+    model = small_model(arch)
+    original, corrupted = documents()
+    sites = ["layers.1.input", "layers.0.mixer.output", *state_site_names(model)[:1]]
+    expected = interchange(model, original, corrupted, sites=sites)
+    with torch.device("meta"):
+        measured = interchange(model, original, corrupted, sites=sites)
+    pd.testing.assert_frame_equal(measured.table, expected.table)
+    pd.testing.assert_frame_equal(measured.per_example, expected.per_example)
+
+
+def test_the_engine_moves_the_documents_to_the_models_device(monkeypatch) -> None:
+    model = small_model("attention")
+    original, corrupted = documents()
+    moved: list[tuple[int, torch.device]] = []
+    to = Batch.to
+
+    def spy(batch: Batch, device):
+        moved.append((id(batch), torch.device(device)))
+        return to(batch, device)
+
+    monkeypatch.setattr(Batch, "to", spy)
+    interchange(model, original, corrupted, sites=["layers.1.input"])
+    assert (id(original), torch.device("cpu")) in moved
+    assert (id(corrupted), torch.device("cpu")) in moved

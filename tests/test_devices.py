@@ -14,6 +14,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import torch
+import yaml
 
 from mecheval.interventions import interchange
 from mecheval.models import ModelConfig, build_model
@@ -63,3 +64,62 @@ def test_the_engine_moves_the_documents_to_the_models_device(monkeypatch) -> Non
     interchange(model, original, corrupted, sites=["layers.1.input"])
     assert (id(original), torch.device("cpu")) in moved
     assert (id(corrupted), torch.device("cpu")) in moved
+
+
+def absent_devices() -> list[str]:
+    """Devices this machine does not have: CUDA past its last card (every CUDA device on a
+    machine without one), MPS off a Mac."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    absent = [f"cuda:{count}", "cuda:3"] if count < 4 else [f"cuda:{count}"]
+    if not count:
+        absent.insert(0, "cuda")
+    if not torch.backends.mps.is_available():
+        absent.append("mps")
+    return absent
+
+
+def files_under(folder) -> list:
+    return sorted(p for p in folder.rglob("*")) if folder.exists() else []
+
+
+@pytest.mark.parametrize("device", absent_devices())
+@pytest.mark.parametrize("command", ["train", "sweep", "reproduce", "intervene"])
+def test_a_device_this_machine_lacks_is_one_line_and_nothing_is_written(
+    command: str, device: str, tmp_path, monkeypatch, capsys
+) -> None:
+    from small_runs import SWEEP_BASE, run_cli
+
+    out = tmp_path / "runs"
+    if command == "train":
+        args = [
+            "train",
+            "--preset",
+            "tiny",
+            "--set",
+            f"training.device={device}",
+            "--out",
+            str(out),
+        ]
+        field = "training.device"
+    elif command == "sweep":
+        base = {**SWEEP_BASE, "training": {**SWEEP_BASE["training"], "device": device}}
+        spec = {"name": "s", "base": base, "grid": {"training.seed": [0, 1]}}
+        (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+        args = ["sweep", str(tmp_path / "s.yaml"), "--out", str(out), "-q"]
+        field = "training.device"
+    elif command == "reproduce":
+        args = ["reproduce", "ar", "--preset", "tiny", "--device", device, "--out", str(out), "-q"]
+        field = "training.device"
+    else:
+        code, _, err = run_cli(monkeypatch, capsys, "train", "--preset", "tiny", "--out", str(out))
+        assert code == 0, err
+        (run,) = out.iterdir()
+        out = run
+        args = ["intervene", str(run), "--device", device]
+        field = "--device"
+    before = files_under(out)
+    code, stdout, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 2
+    assert err.startswith(f"error: {field}: {device!r}, but this machine has ")
+    assert err.count("\n") == 1 and "Traceback" not in err + stdout
+    assert files_under(out) == before

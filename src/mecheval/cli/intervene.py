@@ -33,6 +33,9 @@ def intervene_command(
         typer.Option(help="likelihood | accuracy | in_context_mass | in_context_accuracy"),
     ] = "likelihood",
     documents: Documents = "all",
+    device: Annotated[
+        str, typer.Option(help="run the model and the interventions on: cpu, cuda, cuda:N, mps")
+    ] = "cpu",
 ) -> None:
     """Restore each (site, role) from the original into the key-corrupted document; print
     the Fig. 3-style table and the mechanism label; write interventions.csv into RUN_DIR."""
@@ -42,6 +45,7 @@ def intervene_command(
     from mecheval.models import site_names
     from mecheval.models.sites import state_site_names
     from mecheval.tasks.registry import roles_of
+    from mecheval.training.config import check_device
     from mecheval.training.folder import load_run
 
     if split not in ("dev", "test"):
@@ -51,7 +55,8 @@ def intervene_command(
     if n_docs is not None and n_docs < 1:
         raise ConfigError(f"-n: expected >= 1, got {n_docs}")
     check_documents(documents)
-    cfg, model = load_run(run_dir)
+    check_device(device, "--device")
+    cfg, model = load_run(run_dir, device)
     # The recurrent-state sites are asked for by name; "all" means the module sites.
     known = site_names(model) + state_site_names(model)
     for site in sites or []:

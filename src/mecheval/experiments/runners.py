@@ -30,7 +30,7 @@ from mecheval.experiments.grid import RunSpec, SweepSpec, expand
 from mecheval.experiments.mechanisms import InterventionPlan
 from mecheval.experiments.store import status_reason
 from mecheval.models.registry import plugin_paths
-from mecheval.training.config import RunConfig, config_from_data, resolve
+from mecheval.training.config import RunConfig, check_device, config_from_data, resolve
 from mecheval.training.folder import STATUS_FILE, is_finished, peek_status
 from mecheval.training.presets import preset
 from mecheval.training.reporter import print_warning
@@ -297,11 +297,17 @@ def make_jobs(
     plan: InterventionPlan | None,
     retry_failed: bool,
     cache_dir: Path | None,
+    check_devices: bool = True,
 ) -> list[Job]:
+    """One job per planned run; with ``check_devices``, every run's device must be on this
+    machine (checked before any run folder is touched)."""
     sweep_dir = out_dir / spec.name
     threads = max(1, (os.cpu_count() or 1) // max(1, workers))
+    planned = plan_runs(spec)
+    for device in {cfg.training.device for _, cfg in planned} if check_devices else ():
+        check_device(device)
     jobs = []
-    for run, cfg in plan_runs(spec):
+    for run, cfg in planned:
         run_dir = sweep_dir / run.name
         prepare(run_dir, retry_failed)
         jobs.append(
@@ -633,7 +639,9 @@ def run_sweep(
     ``group_size``: the most runs trained as one stacked model (:func:`group_jobs`); None
     chooses (:func:`auto_group_size`: stacks on a GPU, one run at a time on a CPU)."""
     check_options(workers, backend)
-    jobs = make_jobs(spec, Path(out_dir), workers, plan, retry_failed, cache_dir)
+    # A Ray cluster's devices are its workers', not this machine's.
+    here = backend == "local"
+    jobs = make_jobs(spec, Path(out_dir), workers, plan, retry_failed, cache_dir, here)
     size = auto_group_size(jobs) if group_size is None else group_size
     if backend == "ray":
         return run_ray(jobs, address, size)

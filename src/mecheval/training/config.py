@@ -201,6 +201,26 @@ def check_buildable(model: ModelConfig, length: int) -> None:
         )
 
 
+def check_device(device: str, field: str = "training.device") -> None:
+    """ConfigError unless this machine has ``device`` (cpu | cuda | cuda:N | mps). Checked
+    where a run starts or a model is loaded, not when a config is read: a run trained on a
+    GPU is still read, reported and loaded on a machine without one."""
+    kind, _, index = device.partition(":")
+    if kind == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count:
+            raise ConfigError(f"{field}: {device!r}, but this machine has no CUDA device")
+        if index and int(index) >= count:
+            raise ConfigError(
+                f"{field}: {device!r}, but this machine has {count} CUDA device"
+                f"{'s' if count > 1 else ''} (cuda:0{f' .. cuda:{count - 1}' if count > 1 else ''})"
+            )
+    elif kind == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"{field}: {device!r}, but this machine has no MPS (Apple GPU)")
+    elif kind not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"{field}: expected cpu, cuda, cuda:N or mps, got {device!r}")
+
+
 def resolve(cfg: RunConfig) -> RunConfig:
     """Fill every unset field that has a derived value, so the dumped config is explicit."""
     check_finite(cfg)

@@ -76,7 +76,7 @@ from torch.func import grad_and_value, stack_module_state, vmap
 from mecheval.tasks import Batch, get_task
 from mecheval.tasks.batch import ANSWER_POSITIONS, ANSWERS
 from mecheval.training.checkpoint import has_checkpoint, save_checkpoint
-from mecheval.training.config import RunConfig, config_to_data, resolve
+from mecheval.training.config import RunConfig, check_device, config_to_data, resolve
 from mecheval.training.folder import RunFolder
 from mecheval.training.metrics import answer_loss, multi_answer_loss
 from mecheval.training.precision import autocast, rounding_eps, tf32
@@ -543,6 +543,8 @@ def train_group(
     if len({d.resolve() for d in dirs}) != len(dirs):
         raise ValueError("train_group: two runs share a run folder")
     folders = [RunFolder(d, resolve(cfg)) for cfg, d in zip(cfgs, dirs, strict=True)]
+    for device in {folder.cfg.training.device for folder in folders}:
+        check_device(device)
     reporter_for = reporter_for or null_reporter
     statuses: list[dict[str, Any] | None] = [folder.check() for folder in folders]
     built: dict[str, Mapping[str, Any]] = {}

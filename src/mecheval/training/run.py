@@ -18,7 +18,7 @@ from mecheval.training.checkpoint import (
     read_checkpoint,
     remove_checkpoint,
 )
-from mecheval.training.config import RunConfig, resolve
+from mecheval.training.config import RunConfig, check_device, resolve
 from mecheval.training.folder import RunFolder, peek_status
 from mecheval.training.reporter import Reporter
 from mecheval.training.threads import torch_threads
@@ -95,6 +95,7 @@ def train(
     ``reporter`` is told the progress and any warning (default: no progress display).
     """
     cfg = resolve(cfg)
+    check_device(cfg.training.device)
     folder = RunFolder(run_dir, cfg)
     with folder.locked():
         return _train(folder, callbacks, datasets, cache_dir, reporter)

@@ -1,4 +1,4 @@
-"""Interchange engine vs its baselines (issue #5 "Speed", issue #17).
+"""Interchange engine vs its baselines.
 
 All sites x the chosen roles x N documents of the paper's AR task (8192-token vocabulary, 16
 pairs) for a 2-layer d = 64 model, or of a trained run's task (``--run``), timed in the same

@@ -1,4 +1,4 @@
-"""Forward + backward time per architecture (issue #3 "Speed"; issue #7's bf16 column).
+"""Forward + backward time per architecture (and with bf16 autocast).
 
 Times one training step's forward and backward (loss at the query position only, as training
 computes it) for every registered architecture, and prints each one's time as a ratio
@@ -9,8 +9,8 @@ against attention measured in the same run. ``--bf16`` also times the same step 
 ``--pytorch-forms`` for the PyTorch forms of the C kernels (``MECHEVAL_NATIVE=0``, what runs
 without a C compiler; models/native.py): the column is their time over the default's.
 
-``--adamw`` adds the optimizer step, so a step is what training does (issue #17's "forward +
-backward + AdamW"). ``--flops`` counts each step's matrix arithmetic (matmuls, convolutions,
+``--adamw`` adds the optimizer step, so a step is what training does (forward,
+backward, AdamW). ``--flops`` counts each step's matrix arithmetic (matmuls, convolutions,
 attention; ``torch.utils.flop_counter``, which does not count elementwise work such as a
 scan's products) and prints it against the throughput of one large matmul measured at the
 start of the same run: how far each architecture's step is from the hardware's limit, and

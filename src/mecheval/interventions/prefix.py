@@ -1,4 +1,4 @@
-"""Running a patched row from its patch position on (issue #17): a patch at position p leaves
+"""Running a patched row from its patch position on: a patch at position p leaves
 every position before p as the corrupted run computed it, in every layer. So the corrupted
 run's block inputs and each mixer's prefix states (``Mixer.prefix_states``: a recurrence's
 state after every position, attention's keys and values) are computed once, and a patched

@@ -432,13 +432,13 @@ def emergence(df: pd.DataFrame) -> Curves:
 # ---------------------------------------------------------------------------- task family
 @figure("noisy-ar-restore")
 def noisy_ar_restore(df: pd.DataFrame) -> Heatmaps:
-    """Noisy AR (issue #14): as Fig. 3, restored @ key, value, query."""
+    """Noisy AR: as Fig. 3, restored @ key, value, query."""
     return _restore(df, "noisy_ar", "Noisy AR")
 
 
 @figure("overwrite-ar-restore")
 def overwrite_ar_restore(df: pd.DataFrame) -> Heatmaps:
-    """Overwrite AR (issue #14): as Fig. 3, restored @ key, value, query (the latest
+    """Overwrite AR: as Fig. 3, restored @ key, value, query (the latest
     occurrence) and @ stale key, stale value (the overwritten one)."""
     roles = ("key", "value", "query", "stale_key", "stale_value")
     return _restore(df, "overwrite_ar", "Overwrite AR", roles)
@@ -446,13 +446,13 @@ def overwrite_ar_restore(df: pd.DataFrame) -> Heatmaps:
 
 @figure("mqar-restore")
 def mqar_restore(df: pd.DataFrame) -> Heatmaps:
-    """MQAR (issue #14): as Fig. 3, one probe per query, restored @ key, value, query."""
+    """MQAR: as Fig. 3, one probe per query, restored @ key, value, query."""
     return _restore(df, "mqar", "MQAR")
 
 
 @figure("compositional-mqar-restore")
 def compositional_mqar_restore(df: pd.DataFrame) -> Heatmaps:
-    """Compositional MQAR (issue #14): restored @ each key token, the value and each query
+    """Compositional MQAR: restored @ each key token, the value and each query
     token, to show where the two-token key is composed."""
     roles = ("key_first", "key_last", "value", "query_first", "query")
     return _restore(df, "compositional_mqar", "Compositional MQAR", roles)
@@ -461,7 +461,7 @@ def compositional_mqar_restore(df: pd.DataFrame) -> Heatmaps:
 # ---------------------------------------------------------------------------- state size
 @figure("state-size")
 def state_size(df: pd.DataFrame) -> StateScatter:
-    """Zoology's accuracy against state size (issue #15): each finished run's final test
+    """Zoology's accuracy against state size: each finished run's final test
     accuracy against the floats its model carries per sequence (results column state_size),
     for any experiment."""
     if "state_size" not in df.columns or df["state_size"].isna().all():

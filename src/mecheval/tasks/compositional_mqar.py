@@ -1,4 +1,4 @@
-"""Two-token keys: compositional MQAR (issue #14, task 4).
+"""Two-token keys: compositional MQAR.
 
 Source: zoology's ``compositional_mqar`` (HazyResearch/zoology,
 ``zoology/data/compositional_ar.py``). Each key is two tokens, a first from one vocabulary

@@ -1,4 +1,4 @@
-"""Multi-query associative recall, MQAR (issue #14, task 1).
+"""Multi-query associative recall, MQAR.
 
 Source: zoology's ``multiquery_ar`` (HazyResearch/zoology, ``zoology/data/multiquery_ar.py``;
 Arora et al., 2024a, "Zoology"). A document is N key-value pairs, then a query region of
@@ -18,7 +18,7 @@ distinct slots ``g`` drawn without replacement with probability proportional to
 Gumbel top-k); query i sits at region offset ``2 g_i``; fillers are uniform over all the task's
 ids, keys and values alike (zoology: the whole vocabulary). The token after a query is a
 filler, not its value: zoology supervises the value as the *label* at the query and never
-shows it (issue #14's text says "each followed by its value"; we follow the code). Fields
+shows it (we follow the code). Fields
 with a zoology counterpart keep its default: ``n_pairs`` 8 (``num_kv_pairs``), ``seq_len`` 64
 (``input_seq_len``, without our ``<bos>``), ``power_a`` 0.01; zoology queries every key
 (``n_queries`` unset = ``n_pairs``).

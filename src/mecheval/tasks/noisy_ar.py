@@ -1,5 +1,4 @@
-"""Noisy associative recall: AR whose context has pairs replaced by noise tokens (issue #14,
-task 3).
+"""Noisy associative recall: AR whose context has pairs replaced by noise tokens.
 
 Source: MAD's noisy in-context recall (athms/mad-lab, ``mad/data/instances.py``,
 ``generate_noisy_in_context_recall_instance``, which calls

@@ -1,5 +1,5 @@
 """Overwrite AR, "latest wins": some keys occur twice with different values and the answer is
-the value after the latest occurrence (issue #14, task 2).
+the value after the latest occurrence.
 
 Source: zoology's forgetting MQAR (HazyResearch/zoology, ``zoology/data/forgetting_mqar.py``,
 ``forgetting_mqar``): ``num_kv_pairs`` distinct keys with their values, then ``num_updates``

@@ -8,7 +8,7 @@ hook; None where a batch has none) to one float64 value per document.
 A new metric is one entry in :data:`SCORES`: training writes every score to ``metrics.csv``;
 the engine reports those in ``interventions.RESTORE_METRICS``.
 
-The binding scores (issue #14) tell "retrieves the bound value" from "copies some value of
+The binding scores tell "retrieves the bound value" from "copies some value of
 the context": ``in_context_mass`` is the probability summed over the answer candidates the
 document holds (AR: its values; ATR: the terminals of its yield), ``in_context_accuracy``
 whether the argmax is one of them. The answer is always a candidate, so

@@ -1,5 +1,5 @@
 """Behavioural metrics (paper §4.2): likelihood of the answer, accuracy, and loss, plus the
-binding scores (issue #14).
+binding scores.
 
 Given the predicted distribution ŷ at the query and the true answer i: likelihood ŷ_i,
 accuracy 1[argmax ŷ = i], loss -log ŷ_i, in-context mass Σ_{c in C} ŷ_c and in-context

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from small_runs import SWEEP_BASE
 
 from mecheval.errors import ConfigError
@@ -14,10 +15,12 @@ from mecheval.experiments.grid import SweepSpec, expand, load_sweep
 from mecheval.experiments.mechanisms import InterventionPlan
 from mecheval.experiments.runners import (
     GPU_GROUP_SIZE,
+    Job,
     Outcome,
     RunProgress,
     auto_group_size,
     estimated_seconds,
+    gpu_share,
     group_jobs,
     longest_first,
     make_jobs,
@@ -185,6 +188,59 @@ def test_ray_backend_on_a_local_instance(tmp_path) -> None:
     for o in local:
         a = (tmp_path / "ray" / "tiny" / o.name / "metrics.csv").read_text()
         assert a == (tmp_path / "local" / "tiny" / o.name / "metrics.csv").read_text()
+
+
+def test_gpu_groups_ask_ray_for_a_share_of_a_card() -> None:
+    def job(device: str) -> Job:
+        return Job(name=device, run_dir="", config={"training": {"device": device}}, threads=1)
+
+    cpu, gpu = [job("cpu")], [job("cuda")]
+    assert gpu_share([cpu, cpu], cards=0) == 0.0
+    assert gpu_share([gpu, cpu, gpu], cards=2) == 1.0
+    assert gpu_share([gpu, gpu, gpu], cards=2) == 0.5
+    assert gpu_share([gpu] * 3, cards=1) == 0.3333
+    with pytest.raises(ConfigError, match="declares no GPU"):
+        gpu_share([gpu], cards=0)
+
+
+def test_a_cuda_sweep_on_ray_asks_for_gpus_and_each_worker_checks_its_device(
+    tmp_path, monkeypatch
+) -> None:
+    """A local Ray that declares one GPU (this machine needs none): three runs on cuda, one
+    group each, ask for a third of the card each; where the worker has no CUDA, each run
+    fails with the device's one-line reason and the sweep goes on."""
+    import ray
+    from ray.remote_function import RemoteFunction
+
+    asked: list[float] = []
+    options = RemoteFunction.options
+
+    def spy(self, **kwargs):
+        asked.append(kwargs.get("num_gpus"))
+        return options(self, **kwargs)
+
+    monkeypatch.setattr(RemoteFunction, "options", spy)
+    spec = tiny_spec().model_copy(update={"set": {"training.device": "cuda"}})
+    spec = spec.model_copy(update={"grid": {"training.seed": [0, 1, 2]}})
+    ray.init(
+        num_cpus=2,
+        num_gpus=1,
+        include_dashboard=False,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+    )
+    try:
+        outcomes = run_sweep(spec, tmp_path, backend="ray", group_size=1)
+        stacked = run_sweep(spec, tmp_path / "stacked", backend="ray")
+    finally:
+        ray.shutdown()
+    # Three groups of one share the card; stacked (a GPU's default), one group has it whole.
+    assert asked == [0.3333] * 3 + [1.0]
+    for o in [*outcomes, *stacked]:
+        if torch.cuda.is_available():
+            assert o.state == "done"
+        else:
+            assert o.state == "failed" and "this machine has no CUDA device" in o.reason, o
 
 
 def test_kill_9_mid_sweep_loses_no_finished_run(tmp_path, monkeypatch) -> None:

@@ -575,6 +575,24 @@ def _stop_workers(pool: ProcessPoolExecutor, err: KeyboardInterrupt) -> None:
     pool.shutdown(wait=True, cancel_futures=True)
 
 
+def gpu_share(groups: Sequence[Sequence[Job]], cards: float) -> float:
+    """The share of a GPU each group on one asks Ray for: a whole card while there are no
+    more such groups than the cluster's ``cards``; else 1/k of one, k the groups each card
+    then holds, so that they all train at once (Ray's CPU requests still cap how many run
+    together). 0 where no group trains on a GPU."""
+    on_gpu = sum(1 for group in groups if _on_gpu(group))
+    if not on_gpu:
+        return 0.0
+    if cards <= 0:
+        raise ConfigError(
+            "training.device: cuda, but the Ray cluster declares no GPU "
+            "(start its nodes with --num-gpus, or ray.init(num_gpus=N))"
+        )
+    if on_gpu <= cards:
+        return 1.0
+    return math.floor(1e4 / math.ceil(on_gpu / cards)) / 1e4  # Ray's resource precision
+
+
 def run_ray(jobs: Sequence[Job], address: str | None, group_size: int = 1) -> list[Outcome]:
     try:
         import ray
@@ -585,10 +603,14 @@ def run_ray(jobs: Sequence[Job], address: str | None, group_size: int = 1) -> li
     if started_here:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     try:
-        remote = ray.remote(
-            num_cpus=jobs[0].threads if jobs else 1, num_gpus=1 if _on_gpu(jobs) else 0
-        )(execute_group)
-        results = ray.get([remote.remote(group) for group in groups])
+        share = gpu_share(groups, ray.cluster_resources().get("GPU", 0))
+        remote = ray.remote(num_cpus=jobs[0].threads if jobs else 1)(execute_group)
+        results = ray.get(
+            [
+                remote.options(num_gpus=share if _on_gpu(group) else 0).remote(group)
+                for group in groups
+            ]
+        )
     finally:
         if started_here:
             ray.shutdown()

@@ -1,0 +1,243 @@
+"""Every command that README.md and docs/*.md show runs as shown.
+
+Each shell block of the pages is run as a script, its commands in order, in one scratch
+folder that holds what the pages assume: ``configs/`` (the repository's), the custom
+architecture page's plugin file, a sweep file of that plugin, a finished run and a finished
+sweep. Each command must exit 0 without a traceback. What changes in a command before it runs
+is in :data:`SUBSTITUTIONS` (placeholders, and presets that would train for minutes, at the
+``tiny`` preset: the same pipeline in seconds); the commands that cannot run here are in
+:data:`NOT_RUN`, each with its reason. A command added to a page is run by default.
+
+The pages' Python blocks are run too: those another test runs with its own checks are in
+:data:`PYTHON_TESTED_ELSEWHERE`; any other is executed as written in the scratch folder.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SHELLS = ("bash", "sh", "shell", "console")
+_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+#: Commands not run, exactly as a page shows them (comments stripped), with the reason.
+NOT_RUN = {
+    "make quick": "the main job itself (minutes): its pipeline is `reproduce ar`, run below",
+    "make test": "the test suite that runs this test",
+    "mecheval sweep my-sweep.yaml --backend ray --address auto": (
+        "joins a running Ray cluster (--address auto); the tests run a local one"
+    ),
+    "mecheval sweep configs/sweep-example.yaml --backend ray --address auto": (
+        "joins a running Ray cluster (--address auto); the tests run a local one"
+    ),
+    "mecheval reproduce ar --preset paper --device cuda": "needs a CUDA GPU",
+    "pip install -e '.[cuda]'": "needs a CUDA GPU and its toolkit",
+    (
+        "pytest -q tests/test_training_precision.py tests/test_training_group.py "
+        "tests/test_kernels.py -k cuda"
+    ): "needs a CUDA GPU (these tests skip without one)",
+    "python benchmarks/bench_models.py --device cuda --bf16 --fused --length 35": (
+        "needs a CUDA GPU"
+    ),
+    (
+        "python benchmarks/bench_training.py --paper --device cuda --group 5 "
+        "--widths 16 32 64 128 256 --memory"
+    ): "needs a CUDA GPU",
+    "python benchmarks/bench_paper_scale.py --device cuda": "needs a CUDA GPU",
+}
+
+#: (pattern, replacement, why), applied in this order to every command that runs.
+SUBSTITUTIONS = [
+    (r"runs/<name>", "runs/done-mamba", "a finished 2-layer Mamba run (it has state sites)"),
+    (r"runs/<sweep>", "runs/ar-example", "the example sweep's folder, finished"),
+    (r"\bmy_mixer\.py\b", "gated_linear_attention.py", "the custom architecture page's plugin"),
+    (r"\bmy_mixer\b", "my-gla", "... and the architecture it registers"),
+    (r"--preset (quick|paper)\b", "--preset tiny", "the same pipeline at the tiny preset"),
+    (
+        r"--preset tiny --widths \S+ --lrs \S+",
+        "--preset tiny --widths 16 --lrs 3e-3",
+        "a slice of the grid: at the tiny preset, its one width and LR",
+    ),
+    (
+        r"^(mecheval (?:--plugin \S+ )?reproduce (?!--list)(?:(?!--preset).)*)$",
+        r"\1 --preset tiny",
+        "a reproduce at its default preset (quick): at the tiny preset",
+    ),
+    (
+        r"^(mecheval reproduce (?:(?!--archs).)*--compile(?:(?!--archs).)*)$",
+        r"\1 --archs attention",
+        "torch.compile's first compile of seven architectures: 3 min 22 s on the 2-core CPU",
+    ),
+    (
+        r"^(mecheval train configs/\S+\.yaml.*)$",
+        r"\1 --set task.n_train=64 --set task.n_dev=16 --set task.n_test=16"
+        r" --set training.steps=4 --set training.eval_every=4",
+        "a paper-scale config: its task and training shrunk to seconds",
+    ),
+]
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str
+    line: int
+    before: str  # the line above the fence (a marker such as <!-- interop: NAME -->)
+    language: str
+    code: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def blocks(languages: tuple[str, ...]) -> list[Block]:
+    found = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for match in _FENCE.finditer(text):
+            if match.group(1) in languages:
+                line = text.count("\n", 0, match.start()) + 1
+                before = text[: match.start()].rstrip("\n").rpartition("\n")[2]
+                name = page.relative_to(ROOT).as_posix()
+                found.append(Block(name, line, before, *match.groups()))
+    return found
+
+
+def commands(code: str) -> list[str]:
+    """The block's commands: comments dropped, continuation lines joined, blank lines out."""
+    joined = re.sub(r"\\\n\s*", " ", code)
+    lines = (re.sub(r"(^|\s)#.*$", "", line).strip() for line in joined.splitlines())
+    return [" ".join(line.split()) for line in lines if line]
+
+
+def substituted(command: str) -> str:
+    for pattern, replacement, _ in SUBSTITUTIONS:
+        command = re.sub(pattern, replacement, command)
+    return command
+
+
+def shell_blocks() -> list[Block]:
+    return blocks(SHELLS)
+
+
+def test_the_pages_have_commands_and_every_not_run_entry_is_on_a_page() -> None:
+    shown = {c for block in shell_blocks() for c in commands(block.code)}
+    assert len(shown) > 20
+    assert not set(NOT_RUN) - shown, "NOT_RUN names commands no page shows"
+
+
+def test_the_substitutions_turn_placeholders_and_long_presets_into_runnable_commands() -> None:
+    assert substituted("mecheval intervene runs/<name> --sites x") == (
+        "mecheval intervene runs/done-mamba --sites x"
+    )
+    assert substituted("mecheval reproduce mamba-conv") == (
+        "mecheval reproduce mamba-conv --preset tiny"
+    )
+    assert substituted("mecheval reproduce ar --preset paper --widths 64") == (
+        "mecheval reproduce ar --preset tiny --widths 64"
+    )
+    assert substituted("mecheval reproduce --list") == "mecheval reproduce --list"
+    assert substituted("mecheval reproduce ar --preset paper --compile") == (
+        "mecheval reproduce ar --preset tiny --compile --archs attention"
+    )
+    assert substituted("mecheval reproduce ar --preset paper --widths 64 --lrs 1e-3,3e-4") == (
+        "mecheval reproduce ar --preset tiny --widths 16 --lrs 3e-3"
+    )
+    assert substituted("mecheval --plugin my_mixer.py check-mixer my_mixer") == (
+        "mecheval --plugin gated_linear_attention.py check-mixer my-gla"
+    )
+    for block in shell_blocks():
+        for command in commands(block.code):
+            if command not in NOT_RUN:
+                assert "<" not in substituted(command), (block.id, command)
+
+
+def _run(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return subprocess.run(
+        ["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def _ok(result: subprocess.CompletedProcess, command: str) -> None:
+    output = result.stdout + result.stderr
+    assert result.returncode == 0 and "Traceback" not in output, (
+        f"{command}\nexit {result.returncode}\n{output[-3000:]}"
+    )
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    """What the pages assume: configs/, the plugin and a sweep of it, a run, a sweep."""
+    from test_custom_architecture import doc_example
+
+    folder = tmp_path_factory.mktemp("docs")
+    shutil.copytree(ROOT / "configs", folder / "configs")
+    (folder / "gated_linear_attention.py").write_text(doc_example())
+    # The custom architecture page's my-sweep.yaml ("model.architecture: my-gla").
+    (folder / "my-sweep.yaml").write_text(
+        "name: my-gla-example\nbase: {preset: tiny, task: ar}\n"
+        "grid: {model.architecture: [my-gla], training.seed: [0, 1]}\n"
+    )
+    for command in (
+        "mecheval train --preset tiny --arch mamba --out runs --name done-mamba -q",
+        "mecheval sweep configs/sweep-example.yaml -q",
+    ):
+        _ok(_run(command, folder), command)
+    return folder
+
+
+@pytest.mark.parametrize("block", shell_blocks(), ids=lambda b: b.id)
+def test_every_shell_command_on_the_pages_runs(block: Block, workspace: Path, tmp_path) -> None:
+    """The block's commands in order, in a copy of the workspace of its own (two pages may
+    train runs of one name with different configs, which a run folder refuses)."""
+    here = tmp_path / "workspace"
+    shutil.copytree(workspace, here, symlinks=True)
+    for command in commands(block.code):
+        if command not in NOT_RUN:
+            command = substituted(command)
+            _ok(_run(command, here), command)
+
+
+def _tested_elsewhere(block: Block) -> str | None:
+    """The test that runs a Python block with checks of its own (None: no other test)."""
+    from test_custom_architecture import doc_example
+    from test_interop import snippets
+
+    if block.before.startswith("<!-- interop: "):
+        assert block.code in snippets().values(), block.id
+        return "tests/test_interop.py: against the engine, with pyvene and nnsight"
+    if block.code == doc_example():
+        return "tests/test_custom_architecture.py: as a plugin, through every command"
+    return None
+
+
+PYTHON_BLOCKS = blocks(("python", "py"))
+
+
+def test_the_pages_python_blocks_are_found_and_the_claimed_ones_are_run_elsewhere() -> None:
+    claimed = [b for b in PYTHON_BLOCKS if _tested_elsewhere(b)]
+    from test_interop import snippets
+
+    assert len(claimed) == len(snippets()) + 1  # every interop block, the plugin
+
+
+@pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=lambda b: b.id)
+def test_every_python_block_on_the_pages_runs(block: Block, request, tmp_path) -> None:
+    """A block no other test runs is run here as written, in a copy of the workspace."""
+    if _tested_elsewhere(block):
+        return
+    here = tmp_path / "workspace"
+    shutil.copytree(request.getfixturevalue("workspace"), here, symlinks=True)
+    (here / "block.py").write_text(block.code)
+    _ok(_run(f"{sys.executable} block.py", here), block.id)

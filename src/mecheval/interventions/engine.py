@@ -49,7 +49,7 @@ import torch
 
 from mecheval.interventions.patch import patch, record
 from mecheval.interventions.prefix import PrefixCache, prefix_cache, run_from
-from mecheval.models.backbone import LanguageModel, model_device
+from mecheval.models.backbone import LanguageModel
 from mecheval.models.mixers.base import index_states
 from mecheval.models.sites import (
     FINAL_NORM_INPUT,
@@ -276,7 +276,7 @@ def interchange(
     _check(original, corrupted, roles)
     _check_state_sites(model, sites)
     # The documents come from the CPU datasets; everything runs where the model is.
-    device = model_device(model)
+    device = model.device
     original, corrupted = original.to(device), corrupted.to(device)
     n = len(original)
     answer, candidates, metrics = original.answer, original.candidates, _metrics(original)
@@ -476,7 +476,7 @@ def naive_interchange(
     sites = list(sites) if sites is not None else site_names(model)
     roles = list(roles) if roles is not None else batch_roles(original)
     _check(original, corrupted, roles)
-    device = model_device(model)
+    device = model.device
     original, corrupted = original.to(device), corrupted.to(device)
     candidates, metrics = original.candidates, _metrics(original)
     s_orig = _scores(model(original.tokens, at=original.query), original.answer, candidates)

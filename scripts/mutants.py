@@ -41,8 +41,8 @@ MUTANTS = [
         "engine-writes-nothing",
         "the batched engine restores nothing at a block boundary",
         "src/mecheval/interventions/engine.py",
-        "x[torch.arange(len(rows_)), dst_] = values[rows_]",
-        "x[torch.arange(len(rows_)), dst_] = x[torch.arange(len(rows_)), dst_]",
+        "x[torch.arange(len(rows_), device=device), dst_] = values[rows_]",
+        "x[torch.arange(len(rows_), device=device), dst_] = x[torch.arange(len(rows_)), dst_]",
         ("tests/test_interventions.py",),
     ),
     Mutant(

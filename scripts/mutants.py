@@ -99,7 +99,7 @@ MUTANTS = [
     Mutant(
         "scan-runs-backwards",
         "Mamba's selective scan runs from the last step to the first",
-        "src/mecheval/models/mixers/mamba.py",
+        "src/mecheval/models/ops/selective_scan.py",
         "    xt = x.transpose(0, 1)\n    dt = delta.transpose(0, 1)",
         "    xt = x.transpose(0, 1).flip(0)\n    dt = delta.transpose(0, 1).flip(0)",
         ("tests/test_mixers_ssm.py",),

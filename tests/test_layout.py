@@ -97,6 +97,20 @@ def test_every_import_points_down_the_pipeline() -> None:
     assert not wrong, "imports that do not point down the pipeline:\n" + "\n".join(wrong)
 
 
+def test_the_kernels_import_no_module_above_them() -> None:
+    """models/ops/ holds the recurrences; the mixer modules wire them, never the reverse."""
+    below = ("mecheval.models.ops", "mecheval.models.native", "mecheval.models.kernels")
+    wrong = [
+        f"{module} -> {target}"
+        for module, imported in _graph().items()
+        if module.startswith("mecheval.models.ops")
+        for target in sorted(imported)
+        if not target.startswith(below) and _package(target) == "models"
+    ]
+    assert [m for m in _graph() if m.startswith("mecheval.models.ops.")], "no models/ops/"
+    assert not wrong, "kernels that import modules above them:\n" + "\n".join(wrong)
+
+
 def test_no_import_cycle() -> None:
     graph = _graph()
     # Package __init__ files re-export their submodules; an edge from a submodule back to its

@@ -20,14 +20,15 @@ from mecheval.errors import ConfigError
 from mecheval.models import ModelConfig, build_model, site_names
 from mecheval.models.backbone import RMSNorm, count_parameters
 from mecheval.models.mixers.base import ShortConv
-from mecheval.models.mixers.decay import balanced_chunks
-from mecheval.models.mixers.gated_deltanet import (
-    GatedDeltaNet,
+from mecheval.models.mixers.gated_deltanet import GatedDeltaNet
+from mecheval.models.mixers.mamba2 import Mamba2, Mamba2Options
+from mecheval.models.ops.decay import balanced_chunks
+from mecheval.models.ops.delta_rule import unit_lower_inverse
+from mecheval.models.ops.gated_delta_rule import (
     gated_delta_rule_chunked,
     gated_delta_rule_recurrent,
-    unit_lower_inverse,
 )
-from mecheval.models.mixers.mamba2 import Mamba2, Mamba2Options, ssd_chunked, ssd_recurrent
+from mecheval.models.ops.ssd import ssd_chunked, ssd_recurrent
 from mecheval.models.registry import PAPER_ARCHITECTURES, get_architecture, parse_options
 
 DTYPE = torch.float64

@@ -15,22 +15,16 @@ import torch.nn.functional as F
 from mecheval.errors import ConfigError
 from mecheval.models import ModelConfig, build_model, site_names
 from mecheval.models.backbone import count_parameters
-from mecheval.models.mixers.gla import GLA, GLAOptions, gla_chunked, gla_recurrent
-from mecheval.models.mixers.hawk import (
-    Hawk,
-    HawkOptions,
+from mecheval.models.mixers.gla import GLA, GLAOptions
+from mecheval.models.mixers.hawk import Hawk, HawkOptions
+from mecheval.models.mixers.retnet import RetNet, RetNetOptions, rotary
+from mecheval.models.ops.gla import gla_chunked, gla_recurrent
+from mecheval.models.ops.retention import retention_decays, retention_parallel, retention_recurrent
+from mecheval.models.ops.rglru import (
     rglru_scan,
     rglru_scan_chunked,
     rglru_scan_recurrent,
     sqrt_bound_derivative,
-)
-from mecheval.models.mixers.retnet import (
-    RetNet,
-    RetNetOptions,
-    retention_decays,
-    retention_parallel,
-    retention_recurrent,
-    rotary,
 )
 
 DTYPE = torch.float64

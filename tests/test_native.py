@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from mecheval.models import ModelConfig, build_model, native
-from mecheval.models.mixers.mamba import selective_scan, selective_scan_reference
+from mecheval.models.ops.selective_scan import selective_scan, selective_scan_reference
 
 
 @pytest.fixture

@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from mecheval.models.mixers.attention import Attention
-from mecheval.models.mixers.deltanet import DeltaNet, delta_rule_chunked, delta_rule_recurrent
+from mecheval.models.mixers.deltanet import DeltaNet
+from mecheval.models.ops.delta_rule import delta_rule_chunked, delta_rule_recurrent
 from mecheval.models.registry import get_architecture, parse_options
 
 DTYPE = torch.float64

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from mecheval.models import kernels, native
+from mecheval.models import kernels
+from mecheval.models.ops.long_conv import native_causal_conv
 from mecheval.models.sites import Site
 
 
@@ -177,26 +178,6 @@ class Mixer(nn.Module):
         """The longest sequence this mixer can take (e.g. an implicit filter's l_max); None
         for any length. Checked against the task's longest document when a config resolves."""
         return None
-
-
-#: The causal depthwise convolution y[b, t, c] = sum_j taps[c, j] u[b, t - j, c] by
-#: ``csrc/long_conv.c`` (u [B, T, C], taps [C, L] with L <= T, contiguous): the direct sum,
-#: vectorised over channels, and its two gradients.
-_NativeCausalConv = native.autograd_function(
-    "long_conv",
-    sizes=lambda u, taps: (*u.shape, taps.shape[1]),
-    output=lambda u, taps: torch.empty_like(u),
-)
-
-
-def native_causal_conv(u: torch.Tensor, taps: torch.Tensor) -> torch.Tensor | None:
-    """u [B, T, C] convolved causally with taps [C, L] (tap j multiplies u[t - j]; taps past
-    T - 1 cannot reach an output) by the C kernel, in a training step where
-    :func:`~mecheval.models.native.for_training` allows it; None elsewhere."""
-    taps = taps[:, : u.shape[1]]
-    if not native.for_training("long_conv", u, taps):
-        return None
-    return _NativeCausalConv.apply(u.contiguous(), taps.contiguous())
 
 
 class ShortConv(nn.Module):

@@ -12,12 +12,11 @@ trains through zoology; Table 1(f) defaults.
 ``d_conv=None`` removes the convolution entirely (the paper's "no conv" ablation, §4.3, §5.3):
 no ``conv`` submodule and no ``mixer.conv.output`` site, x goes straight into the SiLU.
 
-The selective scan has two implementations: :func:`selective_scan` (used in the forward pass;
-in a training step on a CPU it hands the scan to C, ``csrc/selective_scan.c`` through
-models/native.py, and otherwise runs a PyTorch form with a written-out adjoint) and
-:func:`selective_scan_reference`, a plain step-by-step transcription of the recurrence that
-tests hold both forms to.
-"""
+The selective scan (models/ops/selective_scan.py) has two implementations:
+:func:`selective_scan` (used in the forward pass; in a training step on a CPU it hands the scan
+to C, ``csrc/selective_scan.c`` through models/native.py, and otherwise runs a PyTorch form
+with a written-out adjoint) and :func:`selective_scan_reference`, a plain step-by-step
+transcription of the recurrence that tests hold both forms to."""
 
 from __future__ import annotations
 
@@ -28,8 +27,8 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
-from mecheval.models import kernels, native
 from mecheval.models.mixers.base import Mixer, ShortConv
+from mecheval.models.ops.selective_scan import scan_with_states, selective_scan
 
 
 class MambaOptions(BaseModel):
@@ -53,159 +52,6 @@ class MambaOptions(BaseModel):
         if self.dt_min > self.dt_max:
             raise ValueError(f"dt_min={self.dt_min} must not exceed dt_max={self.dt_max}")
         return self
-
-
-def selective_scan_reference(
-    x: torch.Tensor,
-    delta: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor,
-) -> torch.Tensor:
-    """The recurrence written out one step at a time (the specification, not for speed).
-
-    x, delta: [batch, T, d_inner] (delta already softplus-ed); A: [d_inner, N];
-    B, C: [batch, T, N]; D: [d_inner] -> y: [batch, T, d_inner].
-    """
-    batch, length, channels = x.shape
-    h = x.new_zeros(batch, channels, A.shape[1])
-    ys = []
-    for t in range(length):
-        decay = torch.exp(delta[:, t, :, None] * A[None, :, :])
-        drive = delta[:, t, :, None] * B[:, t, None, :] * x[:, t, :, None]
-        h = decay * h + drive
-        y = (h * C[:, t, None, :]).sum(-1) + D * x[:, t]
-        ys.append(y)
-    return torch.stack(ys, dim=1)
-
-
-def selective_scan(
-    x: torch.Tensor,
-    delta: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor,
-) -> torch.Tensor:
-    """Same function as :func:`selective_scan_reference`, arranged for speed on a CPU.
-
-    The cost is memory traffic on [T, batch, d_inner, N] tensors (9 MB each at the paper's AR
-    shape, d = 64), not arithmetic. Autograd through a whole-tensor formulation made ~20 passes
-    over such tensors; :class:`_SelectiveScan` walks time in [batch, d_inner, N] slabs that
-    stay in the core's cache, computes the readout and every gradient inside that walk, and
-    keeps only the states and decays for the backward pass (2.7-3.3x faster forward +
-    backward than that formulation, benchmarks/bench_steps.py). Without gradients it keeps no
-    states at all. A chunked (SSD-style) form does not fit Mamba-1: its decay differs per
-    channel *and* state, so a chunk's decay matrix is [batch, d_inner, N, c, c], c times the
-    scan's traffic.
-    """
-    fused = kernels.selective_scan(x, delta, A, B, C, D)
-    if fused is not None:
-        return fused
-    if native.for_training("selective_scan", x, delta, A, B, C) is not None:
-        return _NativeScan.apply(*(t.contiguous() for t in (x, delta, A, B, C))) + x * D
-    xt = x.transpose(0, 1)
-    dt = delta.transpose(0, 1).contiguous()
-    u = (dt * xt).contiguous()
-    bt, ct = B.transpose(0, 1).contiguous(), C.transpose(0, 1).contiguous()
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (u, dt, A, bt, ct)):
-        y = _SelectiveScan.apply(u, dt, A, bt, ct)[0]
-    else:
-        y = _scan_forward(u, dt, A, bt, ct, keep=False)[0]
-    return (y + xt * D).transpose(0, 1)
-
-
-def _scan_forward(
-    u: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    keep: bool,
-    initial: torch.Tensor | None = None,
-    replace_first: bool = False,
-) -> tuple[torch.Tensor, ...]:
-    """Time-major scan: u = Δx, dt = Δ [T, batch, D]; B, C [T, batch, N] -> y [T, batch, D]
-    and, with ``keep``, every state and decay [T, batch, D, N] for the backward pass (or for
-    resuming from any position). ``initial`` [batch, D, N]: the state before the first step,
-    or with ``replace_first`` the state after it (the first step's update is skipped)."""
-    decay = torch.exp(dt.unsqueeze(-1) * A)
-    if replace_first:
-        h = initial
-    else:
-        h = u[0].unsqueeze(-1) * B[0].unsqueeze(-2)
-        if initial is not None:
-            h = torch.addcmul(h, decay[0], initial)
-    states, ys = [h], [(h * C[0].unsqueeze(-2)).sum(-1)]
-    for t in range(1, u.shape[0]):
-        h = torch.addcmul(u[t].unsqueeze(-1) * B[t].unsqueeze(-2), decay[t], h)
-        if keep:
-            states.append(h)
-        ys.append((h * C[t].unsqueeze(-2)).sum(-1))
-    if not keep:
-        return (torch.stack(ys),)
-    return torch.stack(ys), torch.stack(states), decay
-
-
-class _SelectiveScan(torch.autograd.Function):
-    """The selective scan without D, time-major, with a hand-written backward.
-
-    Forward: ``h_t = exp(Δ_t A) h_{t-1} + u_t B_t`` (u = Δx), ``y_t = h_t C_t``. Backward walks
-    time in reverse with the adjoint ``g_t = dy_t C_t + exp(Δ_{t+1} A) g_{t+1}``, from which
-    ``du_t = g_t B_t``, ``dB_t = u_t g_t`` (summed over channels), ``dC_t = dy_t h_t``, and the
-    decay's log-gradient ``g_t exp(Δ_t A) h_{t-1}`` gives dΔ (times A) and dA (times Δ).
-    Returns (y, states, decays); the last two are saved for the backward and carry no
-    gradient. ``generate_vmap_rule`` keeps it usable under torch.func (stacked training).
-    """
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(u, dt, A, B, C):  # type: ignore[override]
-        return _scan_forward(u, dt, A, B, C, keep=True)
-
-    @staticmethod
-    def setup_context(
-        ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple
-    ) -> None:
-        ctx.save_for_backward(*inputs, output[1], output[2])
-        ctx.mark_non_differentiable(output[1], output[2])
-        ctx.set_materialize_grads(False)
-
-    @staticmethod
-    def backward(ctx, gy, _states, _decays):  # type: ignore[override]
-        u, dt, A, B, C, H, decay = ctx.saved_tensors
-        length = u.shape[0]
-        du, dd, dB, dC = ([None] * length for _ in range(4))
-        g = dA = None
-        for t in range(length - 1, -1, -1):
-            gy_t, c_t = gy[t].unsqueeze(-1), C[t].unsqueeze(-2)
-            g = gy_t * c_t if g is None else torch.addcmul(g, gy_t, c_t)
-            dC[t] = (gy_t * H[t]).sum(-2)
-            du[t] = (g * B[t].unsqueeze(-2)).sum(-1)
-            dB[t] = (g * u[t].unsqueeze(-1)).sum(-2)
-            if t == 0:  # the first state has no predecessor to decay
-                dd[t] = torch.zeros_like(dt[0])
-                break
-            g_decayed = g * decay[t]
-            dlog = g_decayed * H[t - 1]
-            dd[t] = (dlog * A).sum(-1)
-            dt_t = dt[t].unsqueeze(-1)
-            dA = dlog * dt_t if dA is None else torch.addcmul(dA, dlog, dt_t)
-            g = g_decayed
-        dA = torch.zeros_like(A) if dA is None else dA.sum(0)
-        return torch.stack(du), torch.stack(dd), dA, torch.stack(dB), torch.stack(dC)
-
-
-#: The selective scan without D (x, delta [batch, T, D]; A [D, N]; B, C [batch, T, N], all
-#: contiguous) by ``csrc/selective_scan.c``: the forward keeps nothing but its inputs, the
-#: backward recomputes each row's states in C and returns every gradient.
-_NativeScan = native.autograd_function(
-    "selective_scan",
-    sizes=lambda x, delta, A, B, C: (*x.shape, A.shape[1]),
-    output=lambda x, *_: torch.empty_like(x),
-)
 
 
 class Mamba(Mixer):
@@ -300,7 +146,7 @@ class Mamba(Mixer):
         xs, delta, b, c, z = (t[:, offset:] for t in self.ssm_inputs(x))
         xt, dt = xs.transpose(0, 1), delta.transpose(0, 1)
         bt, ct = b.transpose(0, 1), c.transpose(0, 1)
-        out = _scan_forward(
+        out = scan_with_states(
             dt * xt, dt, self.A(), bt, ct, keep=keep, initial=state, replace_first=replace
         )
         y = (out[0] + xt * self.D).transpose(0, 1)

@@ -29,11 +29,10 @@ Deliberate differences from fla:
   N(0, init_std) (not rescaled), as in DeltaNet here;
 * no GQA (``num_kv_heads``), ``feature_map`` or short-convolution options.
 
-The forward pass uses the parallel form :func:`retention_parallel` (the decay matrix
-D_ts = γ^(t-s) for s <= t, 0 above the diagonal, T x T per head: T is at most a few hundred
-here); :func:`retention_recurrent` is the step-by-step recurrence (for tests and
-:meth:`RetNet.mix_recurrent`).
-"""
+The forward pass uses the parallel form :func:`retention_parallel` (models/ops/retention.py)
+(the decay matrix D_ts = γ^(t-s) for s <= t, 0 above the diagonal, T x T per head: T is at most
+a few hundred here); :func:`retention_recurrent` is the step-by-step recurrence (for tests and
+:meth:`RetNet.mix_recurrent`)."""
 
 from __future__ import annotations
 
@@ -43,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer
+from mecheval.models.ops.retention import retention_decays, retention_parallel, retention_recurrent
 
 
 class RetNetOptions(BaseModel):
@@ -55,13 +55,6 @@ class RetNetOptions(BaseModel):
     norm_eps: float = Field(1e-5, gt=0.0, le=1.0, description="eps of the output RMSNorm")
 
 
-def retention_decays(
-    num_heads: int, dtype: torch.dtype = torch.float64, device: torch.device | None = None
-) -> torch.Tensor:
-    """γ_h = 1 - 2^(-5 - h) for h = 0 .. H-1 (fla's ``1 - 2**(-5 - arange(H))``)."""
-    return 1 - 2.0 ** (-5 - torch.arange(num_heads, dtype=dtype, device=device))
-
-
 def rotary(x: torch.Tensor, base: float) -> torch.Tensor:
     """RoPE as fla's ``RotaryEmbedding(dim=D)`` (non-interleaved): x [B, T, H, D] at positions
     0..T-1; the pair (x_i, x_{i + D/2}) is rotated by the angle t / base^(2i / D)."""
@@ -71,36 +64,6 @@ def rotary(x: torch.Tensor, base: float) -> torch.Tensor:
     cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]  # [T, 1, D/2]
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-
-
-def retention_recurrent(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor
-) -> torch.Tensor:
-    """Retention one step at a time: S_t = γ S_{t-1} + k_t v_tᵀ, o_t = q_tᵀ S_t.
-
-    q, k: [B, H, T, d_k]; v: [B, H, T, d_v]; gamma: [H] -> o: [B, H, T, d_v]. q as given."""
-    b, h, length, d_k = k.shape
-    state = k.new_zeros(b, h, d_k, v.shape[-1])
-    decay = gamma.to(k.dtype)[:, None, None]
-    outs = []
-    for t in range(length):
-        state = decay * state + k[:, :, t, :, None] * v[:, :, t, None]
-        outs.append((q[:, :, t, :, None] * state).sum(-2))
-    return torch.stack(outs, dim=2)
-
-
-def retention_parallel(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor
-) -> torch.Tensor:
-    """The same function as :func:`retention_recurrent`: (Q Kᵀ ⊙ D) V with
-    D_ts = exp((t - s) log γ) for s <= t and 0 above the diagonal (every exponent <= 0)."""
-    t = q.shape[2]
-    pos = torch.arange(t, device=q.device)
-    gaps = pos[:, None] - pos[None, :]
-    causal = gaps >= 0
-    log_gamma = torch.log(gamma).to(q.dtype)[:, None, None]  # [H, 1, 1]
-    decay = torch.exp(log_gamma * gaps.clamp(min=0).to(q.dtype)) * causal  # [H, T, T]
-    return ((q @ k.transpose(-1, -2)) * decay) @ v
 
 
 class RetNet(Mixer):

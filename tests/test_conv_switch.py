@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from mecheval.errors import ConfigError
 from mecheval.models import ModelConfig, build_model, site_names
-from mecheval.models.mixers.base import ShortConv
+from mecheval.models.mixers.modules import ShortConv
 
 VOCAB = 21
 

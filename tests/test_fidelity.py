@@ -21,8 +21,8 @@ from torch import nn
 from mecheval.errors import ConfigError
 from mecheval.models import ModelConfig, build_model
 from mecheval.models.backbone import count_parameters
-from mecheval.models.mixers.base import ShortConv
 from mecheval.models.mixers.long_conv import MLPFilter
+from mecheval.models.mixers.modules import ShortConv
 from mecheval.models.registry import ARCHITECTURES
 
 PAPER_VOCAB = 8196

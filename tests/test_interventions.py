@@ -12,7 +12,8 @@ import torch
 
 from mecheval.interventions import engine, interchange, patch, record
 from mecheval.models import ARCHITECTURES, ModelConfig, build_model, site_names
-from mecheval.models.mixers.base import Mixer, ShortConv
+from mecheval.models.mixers.base import Mixer
+from mecheval.models.mixers.modules import ShortConv
 from mecheval.models.sites import name_sites
 from mecheval.tasks import ARConfig, ATRConfig, build_datasets, corrupt, vocab_size
 from mecheval.tasks.batch import Batch

@@ -11,7 +11,7 @@ from torch.func import vmap
 
 from mecheval.errors import ConfigError
 from mecheval.models import ModelConfig, build_model, kernels
-from mecheval.models.mixers.base import ShortConv
+from mecheval.models.mixers.modules import ShortConv
 from mecheval.models.ops.selective_scan import selective_scan, selective_scan_reference
 from mecheval.training.config import config_from_data
 

@@ -10,11 +10,12 @@ import torch
 
 from mecheval.errors import ConfigError
 from mecheval.models import ModelConfig, build_model, site_names
-from mecheval.models.mixers.base import ShortConv, is_inert
+from mecheval.models.mixers.base import is_inert
 from mecheval.models.mixers.baseconv import BaseConv
 from mecheval.models.mixers.based import BasedLinearAttention
 from mecheval.models.mixers.h3 import DiagSSMKernel, H3Options, ShiftSSM
 from mecheval.models.mixers.long_conv import ImplicitFilter, ImplicitLongConv, positional_features
+from mecheval.models.mixers.modules import ShortConv
 from mecheval.models.ops.h3 import shift_kernel_direct, vandermonde
 from mecheval.models.ops.linear_attention import (
     linear_attention_quadratic,

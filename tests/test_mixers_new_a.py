@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from mecheval.errors import ConfigError
 from mecheval.models import ModelConfig, build_model, site_names
 from mecheval.models.backbone import RMSNorm, count_parameters
-from mecheval.models.mixers.base import ShortConv
 from mecheval.models.mixers.gated_deltanet import GatedDeltaNet
 from mecheval.models.mixers.mamba2 import Mamba2, Mamba2Options
+from mecheval.models.mixers.modules import ShortConv
 from mecheval.models.ops.decay import balanced_chunks
 from mecheval.models.ops.delta_rule import unit_lower_inverse
 from mecheval.models.ops.gated_delta_rule import (

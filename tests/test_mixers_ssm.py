@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from mecheval.errors import ConfigError
 from mecheval.models import ModelConfig, build_model, site_names
 from mecheval.models.backbone import RMSNorm
-from mecheval.models.mixers.base import ShortConv
 from mecheval.models.mixers.deltanet import DeltaNet, DeltaNetOptions
 from mecheval.models.mixers.mamba import Mamba, MambaOptions
+from mecheval.models.mixers.modules import ShortConv
 from mecheval.models.ops.delta_rule import delta_rule_chunked, delta_rule_recurrent, l2_normalize
 from mecheval.models.ops.selective_scan import selective_scan, selective_scan_reference
 

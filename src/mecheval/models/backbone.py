@@ -27,7 +27,8 @@ from torch import nn
 
 from mecheval.errors import ConfigError
 from mecheval.models.config import ModelConfig
-from mecheval.models.mixers.base import Mixer, ShortConv
+from mecheval.models.mixers.base import Mixer
+from mecheval.models.mixers.modules import ShortConv
 from mecheval.models.registry import get_architecture, parse_options
 from mecheval.models.sites import Site, name_sites
 

@@ -1,16 +1,15 @@
-"""What every sequence mixer shares: input/output sites and the causal short convolution."""
+"""What every sequence mixer shares: the Mixer contract (input/output sites, states, resuming)
+and the helpers of its resume interface."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from mecheval.models import kernels
-from mecheval.models.ops.long_conv import native_causal_conv
+from mecheval.models.mixers.modules import ShortConv
 from mecheval.models.sites import Site
 
 
@@ -178,63 +177,6 @@ class Mixer(nn.Module):
         """The longest sequence this mixer can take (e.g. an implicit filter's l_max); None
         for any length. Checked against the task's longest document when a config resolves."""
         return None
-
-
-class ShortConv(nn.Module):
-    """Causal depthwise 1-D convolution over time, [B, T, C] -> [B, T, C].
-
-    Output at t depends on inputs t-k+1..t only (left zero padding). Its ``output`` site is
-    the ``mixer.conv.output`` (or ``mixer.q_conv.output`` …) site of the design.
-
-    Computed as a sum of ``kernel_size`` shifted, per-channel-scaled copies of the input, in
-    the [B, T, C] layout: for the 3-4 tap kernels used here that is 1.5-2.5x faster forward +
-    backward on a CPU than a depthwise ``conv1d``, whose weight gradient takes a slow generic
-    path (the tests compare it with ``conv1d``).
-    """
-
-    #: a short mixing step before the mixer (``models.sites.local_mixing_sites``)
-    local_mixing = True
-
-    def __init__(self, channels: int, kernel_size: int, bias: bool = True) -> None:
-        super().__init__()
-        if kernel_size < 1:
-            raise ValueError(f"kernel_size: expected >= 1, got {kernel_size}")
-        self.kernel_size = kernel_size
-        self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size))
-        self.bias = nn.Parameter(torch.zeros(channels)) if bias else None
-        self.output = Site()
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        # PyTorch's Conv1d default: kaiming-uniform with a = sqrt(5) over fan_in = kernel_size.
-        bound = 1.0 / self.kernel_size**0.5
-        nn.init.uniform_(self.weight, -bound, bound)
-        if self.bias is not None:
-            nn.init.uniform_(self.bias, -bound, bound)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fused = kernels.causal_conv1d(x, self.weight, self.bias)
-        if fused is not None:
-            return self.output(fused)
-        # In a training step, the C kernel (lag j = tap k - 1 - j): ~3x faster forward and
-        # backward at the paper's AR shape than the shifted copies below.
-        direct = native_causal_conv(x, self.weight[:, 0].flip(-1))
-        if direct is not None:
-            return self.output(direct if self.bias is None else direct + self.bias)
-        k, t = self.kernel_size, x.shape[1]
-        w = self.weight[:, 0]  # [C, k]; tap j multiplies x[t - (k - 1) + j]
-        xp = F.pad(x, (0, 0, k - 1, 0))
-        last = xp[:, k - 1 :]
-        y = last * w[:, -1] if self.bias is None else torch.addcmul(self.bias, last, w[:, -1])
-        for j in range(k - 1):
-            y = torch.addcmul(y, xp[:, j : j + t], w[:, j])
-        return self.output(y)
-
-
-def optional_conv(channels: int, kernel_size: int | None, bias: bool = True) -> nn.Module:
-    """A :class:`ShortConv`, or where ``kernel_size`` is None (the short-conv switch set to
-    'none') the identity, which has no site."""
-    return nn.Identity() if kernel_size is None else ShortConv(channels, kernel_size, bias)
 
 
 def with_history(before: torch.Tensor | None, x: torch.Tensor) -> tuple[torch.Tensor, int]:

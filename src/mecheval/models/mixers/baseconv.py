@@ -22,8 +22,9 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
-from mecheval.models.mixers.base import Mixer, ShortConv, index_states, with_history
+from mecheval.models.mixers.base import Mixer, index_states, with_history
 from mecheval.models.mixers.long_conv import ImplicitLongConv, MLPFilter
+from mecheval.models.mixers.modules import ShortConv
 
 #: zoology's ImplicitLongConvolution hidden width (``d_hidden``; BaseConv passes none)
 LONG_CONV_HIDDEN = 16

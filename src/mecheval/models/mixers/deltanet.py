@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from mecheval.models.mixers.base import Mixer, optional_conv
+from mecheval.models.mixers.base import Mixer
+from mecheval.models.mixers.modules import optional_conv
 from mecheval.models.ops.delta_rule import delta_rule_chunked, delta_rule_recurrent, l2_normalize
 
 

@@ -36,8 +36,8 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from mecheval.models.mixers.base import Mixer, optional_conv
-from mecheval.models.mixers.mamba2 import GatedRMSNorm
+from mecheval.models.mixers.base import Mixer
+from mecheval.models.mixers.modules import GatedRMSNorm, optional_conv
 from mecheval.models.ops.delta_rule import l2_normalize
 from mecheval.models.ops.gated_delta_rule import (
     gated_delta_rule_chunked,

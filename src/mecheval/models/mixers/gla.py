@@ -46,7 +46,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from mecheval.models import native
-from mecheval.models.mixers.base import Mixer, ShortConv
+from mecheval.models.mixers.base import Mixer
+from mecheval.models.mixers.modules import ShortConv
 from mecheval.models.ops.gla import gla_chunked, gla_recurrent
 
 #: :func:`gla_recurrent` from a zero state in a training step, by ``csrc/gla.c``

@@ -66,7 +66,8 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
-from mecheval.models.mixers.base import Mixer, ShortConv, optional_conv
+from mecheval.models.mixers.base import Mixer
+from mecheval.models.mixers.modules import ShortConv, optional_conv
 from mecheval.models.ops.rglru import (
     rglru_scan,
     rglru_scan_from,

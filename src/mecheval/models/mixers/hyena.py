@@ -28,15 +28,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
-from mecheval.models.mixers.base import (
-    Mixer,
-    ShortConv,
-    index_states,
-    optional_conv,
-    table1_constant,
-    with_history,
-)
+from mecheval.models.mixers.base import Mixer, index_states, table1_constant, with_history
 from mecheval.models.mixers.long_conv import ImplicitFilter, ImplicitLongConv
+from mecheval.models.mixers.modules import ShortConv, optional_conv
 
 
 class HyenaOptions(BaseModel):

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
-from mecheval.models.mixers.base import Mixer, ShortConv
+from mecheval.models.mixers.base import Mixer
+from mecheval.models.mixers.modules import ShortConv
 from mecheval.models.ops.selective_scan import scan_with_states, selective_scan
 
 

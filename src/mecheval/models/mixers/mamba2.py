@@ -49,7 +49,8 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from torch import nn
 
-from mecheval.models.mixers.base import Mixer, ShortConv
+from mecheval.models.mixers.base import Mixer
+from mecheval.models.mixers.modules import GatedRMSNorm, ShortConv
 from mecheval.models.ops.ssd import ssd_chunked, ssd_recurrent
 
 #: mamba_ssm's default head size, used wherever it divides d_inner
@@ -96,34 +97,6 @@ class Mamba2Options(BaseModel):
         if low is not None and value < low:
             raise ValueError(f"must not be below dt_min={low}")
         return value
-
-
-class GatedRMSNorm(nn.Module):
-    """RMSNorm with a SiLU gate, over groups of ``group_size`` channels (weight over all).
-
-    ``norm_before_gate=False`` (mamba_ssm's ``RMSNormGated`` in Mamba-2):
-    ``norm(x ⊙ SiLU(gate)) ⊙ w``; ``True`` (fla's ``FusedRMSNormGated``):
-    ``norm(x) ⊙ w ⊙ SiLU(gate)``. Without a gate it is a plain (grouped) RMSNorm.
-    """
-
-    def __init__(
-        self, dim: int, eps: float, group_size: int | None = None, norm_before_gate: bool = False
-    ) -> None:
-        super().__init__()
-        self.eps = eps
-        self.group_size = group_size or dim
-        self.norm_before_gate = norm_before_gate
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
-        if gate is not None and not self.norm_before_gate:
-            x = x * F.silu(gate)
-        grouped = x.unflatten(-1, (-1, self.group_size))
-        grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.eps)
-        x = grouped.flatten(-2) * self.weight
-        if gate is not None and self.norm_before_gate:
-            x = x * F.silu(gate)
-        return x
 
 
 def default_headdim(d_inner: int) -> int:

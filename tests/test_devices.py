@@ -11,6 +11,8 @@ CI has no GPU, so the crash classes a GPU showed are guarded here by their CPU f
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 import torch
@@ -123,3 +125,31 @@ def test_a_device_this_machine_lacks_is_one_line_and_nothing_is_written(
     assert err.startswith(f"error: {field}: {device!r}, but this machine has ")
     assert err.count("\n") == 1 and "Traceback" not in err + stdout
     assert files_under(out) == before
+
+
+def test_a_sweep_runs_a_runs_interventions_on_the_device_it_trained_on(
+    tmp_path, monkeypatch
+) -> None:
+    """The run trains on the CPU here; its job says cuda, as on a GPU machine: the
+    interventions load the model there (the load is stopped before it needs a GPU)."""
+    from small_runs import SWEEP_BASE
+
+    from mecheval.experiments import mechanisms, runners
+    from mecheval.experiments.grid import SweepSpec
+    from mecheval.experiments.mechanisms import InterventionPlan
+
+    spec = SweepSpec(name="d", base=SWEEP_BASE, grid={"training.seed": [0]})
+    (job,) = runners.make_jobs(spec, tmp_path, 1, InterventionPlan(n_docs=4), False, None)
+    assert runners.execute_group([job])[0].state == "done"
+    loaded = []
+
+    def load_run(run_dir, device="cpu"):
+        loaded.append(str(device))
+        raise RuntimeError("stopped before the load")
+
+    monkeypatch.setattr(mechanisms, "load_run", load_run)
+    (tmp_path / "d" / job.name / "interventions.csv").unlink()
+    job.config["training"]["device"] = "cuda"
+    outcome = runners._finish(job, Path(job.run_dir), None, "")
+    assert loaded == ["cuda"]
+    assert outcome.reason == "interventions: RuntimeError: stopped before the load"

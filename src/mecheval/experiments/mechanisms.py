@@ -162,10 +162,12 @@ def intervene_run(
     skip_existing: bool = False,
     loaded: tuple[Any, LanguageModel] | None = None,
     cache_dir: Path | None = None,
+    device: str = "cpu",
 ) -> RunMechanism | None:
     """Run the plan's interventions on a finished run and write them into its folder
     (None: ``skip_existing`` and they were there). ``loaded`` is the run's (config, model)
-    when the caller has loaded it already; ``cache_dir`` the dataset cache it trained with.
+    when the caller has loaded it already; ``cache_dir`` the dataset cache it trained with;
+    ``device`` where the model is loaded to run them (a sweep: the device it trained on).
 
     A plan whose sites carry no label (a recurrent state's alone) writes its restores and
     leaves ``mechanism.json`` as it was: the label, read from other sites of the same
@@ -175,7 +177,7 @@ def intervene_run(
     target = run_dir / INTERVENTIONS_FILE
     if skip_existing and target.exists() and _measured_on(run_dir) == plan.documents:
         return None
-    cfg, model = load_run(run_dir) if loaded is None else loaded
+    cfg, model = load_run(run_dir, device) if loaded is None else loaded
     step = int((read_status(run_dir) or {}).get("step", 0))
     pair = eval_batch(cfg.task, plan.split, plan.n_docs, cache_dir, plan.documents)
     rows, result = measure(model, plan, step, pair)

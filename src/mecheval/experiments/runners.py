@@ -227,7 +227,8 @@ def _finish(job: Job, run_dir: Path, before: Mapping[str, Any] | None, crash: st
 
         try:
             cache = Path(job.cache_dir) if job.cache_dir else None
-            intervene_run(run_dir, job.plan, skip_existing=True, cache_dir=cache)
+            device = str(job.config["training"].get("device", "cpu"))  # where it trained
+            intervene_run(run_dir, job.plan, skip_existing=True, cache_dir=cache, device=device)
         except Exception as err:
             return Outcome(job.name, "failed", f"interventions: {type(err).__name__}: {err}")
         label = written_label(run_dir) or ""

@@ -3,6 +3,7 @@ against the grid it would run at that preset, trained into the experiment's own 
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -153,3 +154,41 @@ def test_a_tiny_slice_runs_end_to_end_and_a_full_run_resumes_it(tmp_path) -> Non
     )
     assert again.exit_code == 0, again.output
     assert "ar-tiny: 1 done (1 already)" in again.output
+
+
+def test_labels_over_seeds_count_their_agreement() -> None:
+    from mecheval.experiments.store import seed_agreement
+
+    summary = pd.DataFrame(
+        {
+            "run": ["mamba-s0", "mamba-s1", "mamba-s2", "h3", "based-s0", "based-s1", "x-s0"],
+            "architecture": ["mamba"] * 3 + ["h3", "based", "based", "x"],
+            "mechanism": ["induction", "unclear", "induction", "induction"]
+            + ["induction", "unclear", None],
+            "seed": [0, 1, 2, 0, 0, 1, 0],
+        }
+    )
+    table = seed_agreement(summary)
+    assert table.values.tolist() == [
+        ["mamba", "mamba", "s0: induction · s1: unclear · s2: induction", "induction 2/3"],
+        ["h3", "h3", "s0: induction", "induction (one seed)"],
+        ["based", "based", "s0: induction · s1: unclear", "split (induction 1, unclear 1)"],
+    ]
+
+
+def test_reproduce_with_seeds_prints_each_seeds_label_and_their_agreement(tmp_path) -> None:
+    out = tmp_path / "runs"
+    args = ("reproduce", "ar", "--preset", "tiny", "--archs", "attention", "-q", "--out", str(out))
+    one = invoke(*args)
+    assert one.exit_code == 0, one.output
+    assert "Each label is read from one seed" in one.output
+    assert "Labels over seeds" not in one.output
+    two = invoke(*args[:-1], str(tmp_path / "seeds"), "--seeds", "0,1")
+    assert two.exit_code == 0, two.output
+    agreement = two.output.split("Labels over seeds:")[1]
+    row = next(line for line in agreement.splitlines() if line.startswith("| attention"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "attention" and cells[2].startswith("s0: ") and " · s1: " in cells[2]
+    first, second = (part.split(": ", 1)[1] for part in cells[2].split(" · "))
+    expected = f"{first} 2/2" if first == second else "split"
+    assert cells[3].startswith(expected)

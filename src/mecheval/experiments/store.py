@@ -230,6 +230,34 @@ def mechanism_summary(experiment_dir: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def seed_agreement(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per cell (the runs of one setting: run names without their ``-sN`` seed part), each
+    seed's label and how many seeds agree on the commonest one: "induction 2/3"; a cell of
+    one seed says so ("induction (one seed)"), two labels equally common read "split".
+    ``summary`` is :func:`mechanism_summary`'s with a ``seed`` column (the runs' training
+    seeds); runs without a label are left out."""
+    columns = ["architecture", "cell", "labels", "agreement"]
+    if "mechanism" not in summary.columns:
+        return pd.DataFrame(columns=columns)
+    labelled = summary[summary["mechanism"].notna()]
+    rows = []
+    cells = labelled["run"].str.replace(r"-s\d+$", "", regex=True)
+    for cell, runs in labelled.groupby(cells, sort=False):
+        seeds = runs["seed"].tolist()
+        labels = runs["mechanism"].tolist()
+        counts = pd.Series(labels).value_counts()
+        top, n = counts.index[0], int(counts.iloc[0])
+        if len(labels) == 1:
+            agreement = f"{top} (one seed)"
+        elif (counts == n).sum() > 1:
+            agreement = f"split ({', '.join(f'{label} {c}' for label, c in counts.items())})"
+        else:
+            agreement = f"{top} {n}/{len(labels)}"
+        by_seed = " · ".join(f"s{seed}: {label}" for seed, label in zip(seeds, labels, strict=True))
+        rows.append((runs["architecture"].iloc[0], cell, by_seed, agreement))
+    return pd.DataFrame(rows, columns=columns)
+
+
 def label_records(experiment_dir: str | Path) -> pd.DataFrame:
     """One row per run for the mechanism matrices: run, task (kind), short conv (the switch's
     setting, None: the architecture's default), architecture,

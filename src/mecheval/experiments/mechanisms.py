@@ -153,7 +153,7 @@ class RunMechanism:
     rows: pd.DataFrame
     label: MechanismLabel | None
     n_docs: int  # the documents measured (after InterventionPlan.documents' choice)
-    label_sites: tuple[str, ...]  # where a label is read (the first that was measured)
+    label_sites: tuple[str, ...]  # where a label can be read, in the order they are tried
 
 
 def intervene_run(

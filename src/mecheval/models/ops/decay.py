@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 
 def segment_sums(a: torch.Tensor) -> torch.Tensor:
@@ -29,6 +30,16 @@ def segment_sums(a: torch.Tensor) -> torch.Tensor:
 def segment_sums_per_channel(x: torch.Tensor) -> torch.Tensor:
     """:func:`segment_sums` of each channel: x [..., c, K] (time on dim -2) -> [..., c, c, K]."""
     return segment_sums(x.transpose(-1, -2)).movedim(-3, -1)
+
+
+def pad_steps(pad: int, dim: int, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each of ``xs`` with ``pad`` zero steps appended along its time dimension ``dim``
+    (counted from the end, < 0): a chunked form's padding to whole chunks. Steps after the
+    last real one cannot reach a real output; each caller says why zeros also leave its
+    state as it is."""
+    if not pad:
+        return xs
+    return tuple(F.pad(x, (0, 0) * (-dim - 1) + (0, pad)) for x in xs)
 
 
 def balanced_chunks(length: int, chunk_size: int) -> tuple[int, int]:

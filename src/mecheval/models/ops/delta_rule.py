@@ -7,9 +7,8 @@ chunked (WY) form the module runs, as fla's ``ops/delta_rule`` (``naive`` and ``
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from mecheval.models.ops.decay import balanced_chunks
+from mecheval.models.ops.decay import balanced_chunks, pad_steps
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -111,11 +110,9 @@ def delta_rule_chunked(
     d_v = v.shape[-1]
     n, c = balanced_chunks(length, chunk_size)
     pad = n * c - length
-    if pad:
-        # Trailing zeros: β = 0 leaves the state untouched and the padded outputs are dropped;
-        # being after every real step they cannot reach a real output anyway.
-        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-        beta = F.pad(beta, (0, pad))
+    # Trailing zeros: β = 0 leaves the state untouched and the padded outputs are dropped.
+    q, k, v = pad_steps(pad, -2, q, k, v)
+    (beta,) = pad_steps(pad, -1, beta)
     q, k, v = (x.reshape(b, h, n, c, x.shape[-1]) for x in (q, k, v))
     beta = beta.reshape(b, h, n, c, 1)
 

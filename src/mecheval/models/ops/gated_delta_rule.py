@@ -7,9 +7,8 @@ the chunked form the module runs, as fla's ``ops/gated_delta_rule``.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from mecheval.models.ops.decay import balanced_chunks, segment_sums
+from mecheval.models.ops.decay import balanced_chunks, pad_steps, segment_sums
 from mecheval.models.ops.delta_rule import unit_lower_inverse
 
 
@@ -78,10 +77,9 @@ def gated_delta_rule_chunked(
     d_v = v.shape[-1]
     n, c = balanced_chunks(length, chunk_size)
     pad = n * c - length
-    if pad:
-        # Trailing zeros: β = 0 and g = 0 leave the state untouched; outputs there are dropped.
-        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-        beta, g = F.pad(beta, (0, pad)), F.pad(g, (0, pad))
+    # Trailing zeros: β = 0 and g = 0 leave the state untouched; outputs there are dropped.
+    q, k, v = pad_steps(pad, -2, q, k, v)
+    beta, g = pad_steps(pad, -1, beta, g)
     q, k, v = (x.reshape(b, h, n, c, x.shape[-1]) for x in (q, k, v))
     beta = beta.reshape(b, h, n, c, 1)
     g = g.reshape(b, h, n, c)

@@ -9,9 +9,8 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
-from mecheval.models.ops.decay import balanced_chunks
+from mecheval.models.ops.decay import balanced_chunks, pad_steps
 
 
 def gla_recurrent(
@@ -102,10 +101,8 @@ def gla_chunked(
     m, e = balanced_chunks(c, sub_chunk_size or math.isqrt(max(c - 1, 0)) + 1)
     c = m * e
     pad = n * c - length
-    if pad:
-        # Trailing zeros: g = 0 keeps the state, k = 0 writes nothing; the padded outputs come
-        # after every real step and are dropped.
-        q, k, v, g = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v, g))
+    # Trailing zeros: g = 0 keeps the state, k = 0 writes nothing; the outputs are dropped.
+    q, k, v, g = pad_steps(pad, -2, q, k, v, g)
     q, k, v, g = (x.reshape(b, h, n, c, x.shape[-1]) for x in (q, k, v, g))
     rows, sizes = _span_masks(m, e, n > 1, g.device, g.dtype)
     # Every span sum (<= 0) as one matmul, time on the rows and all else on the columns (a

@@ -7,9 +7,8 @@ chunked form; :func:`rglru_scan` what the module runs (the C scan in a CPU train
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from mecheval.models.ops.decay import segment_sums_per_channel
+from mecheval.models.ops.decay import pad_steps, segment_sums_per_channel
 
 #: The reference clips the gradient of sqrt at this value (``_MAX_SQRT_GRADIENT``).
 MAX_SQRT_GRADIENT = 1000.0
@@ -70,9 +69,8 @@ def rglru_scan_chunked(log_a: torch.Tensor, x: torch.Tensor, chunk_size: int) ->
     c = max(1, min(chunk_size, length))  # a sequence shorter than a chunk: one chunk
     n = -(-length // c)
     pad = n * c - length
-    if pad:
-        # Trailing zeros: a = 1 and no input; the padded steps come after every real one.
-        log_a, x = F.pad(log_a, (0, 0, 0, pad)), F.pad(x, (0, 0, 0, pad))
+    # Trailing zeros: a = 1 and no input; the padded steps come after every real one.
+    log_a, x = pad_steps(pad, -2, log_a, x)
     log_a, x = log_a.reshape(b, n, c, w), x.reshape(b, n, c, w)
     cum = log_a.cumsum(dim=2)  # [B, n, c, W]: L_t, <= 0
     decay = torch.exp(

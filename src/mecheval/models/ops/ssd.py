@@ -8,9 +8,8 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from mecheval.models.ops.decay import balanced_chunks, segment_sums
+from mecheval.models.ops.decay import balanced_chunks, pad_steps, segment_sums
 
 
 def ssd_recurrent(
@@ -79,12 +78,9 @@ def ssd_chunked(
     n, c = balanced_chunks(length, chunk_size)
     pad = n * c - length
     x_in = x
-    if pad:
-        # Trailing zeros: dt = 0 neither decays nor writes, and the padded outputs are dropped.
-        x = F.pad(x, (0, 0, 0, 0, 0, pad))
-        dt = F.pad(dt, (0, 0, 0, pad))
-        B = F.pad(B, (0, 0, 0, 0, 0, pad))
-        C = F.pad(C, (0, 0, 0, 0, 0, pad))
+    # Trailing zeros: dt = 0 neither decays nor writes, and the padded outputs are dropped.
+    x, B, C = pad_steps(pad, -3, x, B, C)
+    (dt,) = pad_steps(pad, -2, dt)
     # Heads split as (group, head in group): head h = g * per_group + r reads group g. Every
     # operand is laid out head-major and contiguous, [batch, G, (R,) n, c, ...], so that each
     # contraction is one batched matmul (strided operands send bmm down a per-matrix loop).

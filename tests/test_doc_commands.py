@@ -1,15 +1,17 @@
 """Every command that README.md and docs/*.md show runs as shown.
 
-Each shell block of the pages is run as a script, its commands in order, in one scratch
-folder that holds what the pages assume: ``configs/`` (the repository's), the custom
-architecture page's plugin file, a sweep file of that plugin, a finished run and a finished
-sweep. Each command must exit 0 without a traceback. What changes in a command before it runs
-is in :data:`SUBSTITUTIONS` (placeholders, and presets that would train for minutes, at the
-``tiny`` preset: the same pipeline in seconds); the commands that cannot run here are in
-:data:`NOT_RUN`, each with its reason. A command added to a page is run by default.
+Each shell block of the pages is run as a script, its commands in order, in its own copy of
+a scratch folder that holds what the pages assume: ``configs/`` (the repository's), the
+custom architecture page's plugin file, a sweep file of that plugin, a finished run and a
+finished sweep. Each command must exit 0 without a traceback. What changes in a command
+before it runs is in :data:`SUBSTITUTIONS` (placeholders, and presets that would train for
+minutes, at the ``tiny`` preset: the same pipeline in seconds); the commands that cannot run
+here are in :data:`NOT_RUN`, each with its reason. A command added to a page is run by
+default.
 
-The pages' Python blocks are run too: those another test runs with its own checks are in
-:data:`PYTHON_TESTED_ELSEWHERE`; any other is executed as written in the scratch folder.
+The pages' Python blocks are run too: those another test runs with its own checks are
+claimed by :func:`_tested_elsewhere` (the claim checked against that test's own reading of
+the page); any other is executed as written in a copy of the scratch folder.
 """
 
 from __future__ import annotations

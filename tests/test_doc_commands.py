@@ -199,12 +199,17 @@ def workspace(tmp_path_factory) -> Path:
     return folder
 
 
+def _own_copy(workspace: Path, tmp_path: Path) -> Path:
+    here = tmp_path / "workspace"
+    shutil.copytree(workspace, here, symlinks=True)
+    return here
+
+
 @pytest.mark.parametrize("block", shell_blocks(), ids=lambda b: b.id)
 def test_every_shell_command_on_the_pages_runs(block: Block, workspace: Path, tmp_path) -> None:
     """The block's commands in order, in a copy of the workspace of its own (two pages may
     train runs of one name with different configs, which a run folder refuses)."""
-    here = tmp_path / "workspace"
-    shutil.copytree(workspace, here, symlinks=True)
+    here = _own_copy(workspace, tmp_path)
     for command in commands(block.code):
         if command not in NOT_RUN:
             command = substituted(command)
@@ -239,7 +244,6 @@ def test_every_python_block_on_the_pages_runs(block: Block, request, tmp_path) -
     """A block no other test runs is run here as written, in a copy of the workspace."""
     if _tested_elsewhere(block):
         return
-    here = tmp_path / "workspace"
-    shutil.copytree(request.getfixturevalue("workspace"), here, symlinks=True)
+    here = _own_copy(request.getfixturevalue("workspace"), tmp_path)
     (here / "block.py").write_text(block.code)
     _ok(_run(f"{sys.executable} block.py", here), block.id)

@@ -380,27 +380,20 @@ def _report(experiment_dir: Path, figures: tuple[str, ...], matrix: str = "") ->
 
 def _mechanisms_markdown(experiment_dir: Path) -> str:
     """The mechanism label table of the experiment's runs, headed; "" when no run has one."""
-    from mecheval.experiments.store import (
-        mechanism_summary,
-        read_config_data,
-        run_dirs,
-        seed_agreement,
-    )
+    from mecheval.experiments.store import mechanism_summary, seed_agreement
     from mecheval.models.registry import architecture_rank
 
     summary = mechanism_summary(experiment_dir)
     if "mechanism" not in summary.columns:
         return ""
-    runs = run_dirs(experiment_dir)
     summary = summary.sort_values(
         "architecture", key=lambda c: c.map(architecture_rank), kind="stable"
     )
     text = (
         "Mechanisms (likelihood of the answer %, restored at the label site):\n\n"
-        + summary.to_markdown(index=False)
+        + summary.drop(columns="seed").to_markdown(index=False)
     )
-    seeds = {run.name: read_config_data(run)["training"].get("seed", 0) for run in runs}
-    agreement = seed_agreement(summary.assign(seed=summary["run"].map(seeds)))
+    agreement = seed_agreement(summary)
     if (agreement["labels"].str.count(" · ") > 0).any():
         text += "\n\nLabels over seeds:\n\n" + agreement.to_markdown(index=False)
     elif len(agreement):

@@ -201,7 +201,8 @@ def mechanism_summary(experiment_dir: str | Path) -> pd.DataFrame:
     """One row per run: its final dev accuracy and the restore numbers its mechanism label
     was read from (``mechanism.json``, likelihood in %), the in-context accuracy and the
     chance level of a guess among the in-context candidates on the same documents (in %;
-    empty for a mechanism.json written before they existed), with the label."""
+    empty for a mechanism.json written before they existed), with the label. ``seed`` is
+    the run's training seed (:func:`seed_agreement` reads it; the printed table leaves it out)."""
     rows = []
     for run_dir in run_dirs(Path(experiment_dir)):
         config = read_config_data(run_dir)
@@ -212,6 +213,7 @@ def mechanism_summary(experiment_dir: str | Path) -> pd.DataFrame:
             "architecture": config["model"]["architecture"],
             "status": status.get("state"),
             "dev accuracy %": None if dev is None else round(100 * dev, 1),
+            "seed": config["training"].get("seed", 0),
         }
         label = read_label(run_dir)
         if label is not None:
@@ -234,8 +236,8 @@ def seed_agreement(summary: pd.DataFrame) -> pd.DataFrame:
     """Per cell (the runs of one setting: run names without their ``-sN`` seed part), each
     seed's label and how many seeds agree on the commonest one: "induction 2/3"; a cell of
     one seed says so ("induction (one seed)"), two labels equally common read "split".
-    ``summary`` is :func:`mechanism_summary`'s with a ``seed`` column (the runs' training
-    seeds); runs without a label are left out."""
+    ``summary`` is :func:`mechanism_summary`'s (its ``seed`` column: each run's training
+    seed); runs without a label are left out."""
     columns = ["architecture", "cell", "labels", "agreement"]
     if "mechanism" not in summary.columns:
         return pd.DataFrame(columns=columns)

@@ -42,7 +42,7 @@ import torch
 from mecheval.interventions import interchange, naive_interchange
 from mecheval.models import ModelConfig, build_model, site_names
 from mecheval.models.sites import get_site, layer_site
-from mecheval.tasks import ROLES, ARConfig, build_datasets, corrupt, vocab_size
+from mecheval.tasks import ROLES, ARConfig, build_datasets, corrupt
 
 
 def main() -> None:
@@ -88,7 +88,7 @@ def measure(args: argparse.Namespace, name: str, run: str | None) -> dict:
         task = ARConfig(kind="ar", n_train=0, n_dev=args.docs, n_test=0)
         torch.manual_seed(0)
         model = build_model(
-            ModelConfig(architecture=name, d_model=64, vocab_size=vocab_size(task), max_len=40)
+            ModelConfig(architecture=name, d_model=64, vocab_size=task.vocab_size(), max_len=40)
         ).eval()
     task = task.model_copy(update={"n_train": 0, "n_dev": args.docs})
     original = build_datasets(task)["dev"].batch(torch.arange(args.docs))

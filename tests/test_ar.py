@@ -11,9 +11,6 @@ from mecheval.tasks import (
     ARConfig,
     build_datasets,
     corrupt,
-    max_length,
-    token_names,
-    vocab_size,
 )
 from mecheval.tasks.ar import held_out_pairs
 
@@ -38,10 +35,10 @@ def test_paper_defaults():
     cfg = ARConfig()
     assert (cfg.n_keys, cfg.n_values, cfg.n_pairs) == (4096, 4096, 16)
     assert (cfg.n_train, cfg.n_dev, cfg.n_test) == (100_032, 320, 320)
-    assert vocab_size(cfg) == 3 + 8192
-    assert max_length(cfg) == 35
-    names = token_names(cfg)
-    assert len(names) == vocab_size(cfg)
+    assert cfg.vocab_size() == 3 + 8192
+    assert cfg.max_length() == 35
+    names = cfg.id_names()
+    assert len(names) == cfg.vocab_size()
     assert names[:3] == ["<pad>", "<bos>", "<div>"]
     assert names[3] == "k0" and names[3 + 4096] == "v0"
 

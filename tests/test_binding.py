@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Literal
 
 import pandas as pd
 import pytest
@@ -38,11 +39,8 @@ from mecheval.tasks import (
     Batch,
     build_datasets,
     corrupt,
-    max_length,
-    token_names,
-    vocab_size,
 )
-from mecheval.tasks.base import context_ids
+from mecheval.tasks.base import TaskConfigBase
 from mecheval.tasks.scores import CANDIDATE_SCORES, SCORES, answer_scores, chance_level
 from mecheval.training.metrics import evaluate
 
@@ -57,8 +55,8 @@ def random_model(cfg, seed: int = 0):
             architecture="attention",
             d_model=16,
             n_layers=2,
-            vocab_size=vocab_size(cfg),
-            max_len=max_length(cfg),
+            vocab_size=cfg.vocab_size(),
+            max_len=cfg.max_length(),
             init_std=1.0,  # a peaked distribution: argmaxes land on different classes
         )
     ).eval()
@@ -67,7 +65,7 @@ def random_model(cfg, seed: int = 0):
 def naive_candidates(cfg, dataset, i: int) -> set[int]:
     """Document i's candidates from its token names: AR values (v*), ATR terminals (t*),
     before the divider."""
-    names = token_names(cfg)
+    names = cfg.id_names()
     doc = dataset.document(i)
     context = doc[: int(dataset.roles["divider"][i])]
     prefix = "v" if cfg.kind == "ar" else "t"
@@ -110,7 +108,7 @@ def test_atr_candidates_are_the_distinct_terminals_of_the_yield() -> None:
     are the yield's distinct terminals, the query's own included, the query-type token not."""
     dev = build_datasets(ATR)["dev"]
     batch = dev.batch(torch.arange(len(dev)))
-    names = token_names(ATR)
+    names = ATR.id_names()
     rows = torch.arange(len(dev))
     assert torch.equal(batch.tokens[rows, batch.roles["value"]], batch.answer)
     for i in range(len(dev)):
@@ -221,11 +219,18 @@ def test_training_metrics_and_the_engine_report_them() -> None:
         pd.testing.assert_frame_equal(a, b, rtol=1e-9)
 
 
-def test_a_task_without_the_hook_takes_every_non_special_context_token() -> None:
+def test_a_task_keeping_the_default_takes_every_non_special_context_token() -> None:
+    class Plain(TaskConfigBase):
+        kind: Literal["plain"] = "plain"
+
+        def token_names(self) -> list[str]:
+            return [f"t{i}" for i in range(5)]  # ids 3..7 after the 3 specials
+
     tokens = torch.tensor([[1, 3, 4, 5, 2, 3], [1, 6, 6, 2, 6, 0]])
     roles = {"divider": torch.tensor([4, 3]), "query": torch.tensor([5, 4])}
     batch = Batch(tokens, torch.tensor([4, 6]), roles)
-    mask = context_ids(batch, 8)
+    mask = Plain().answer_candidates(batch)
+    assert mask.shape == (2, 8)
     assert mask.nonzero().tolist() == [[0, 3], [0, 4], [0, 5], [1, 6]]
 
 

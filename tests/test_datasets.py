@@ -16,7 +16,6 @@ from mecheval.tasks import (
     Batch,
     build_datasets,
     cache_path,
-    max_length,
     parse_task,
 )
 from mecheval.tasks import dataset as dataset_mod
@@ -141,13 +140,12 @@ def test_bad_configs_give_one_line_errors(cls, data, field):
 
 
 def test_typical_batch_length_is_the_median_padded_width_of_training_batches():
-    from mecheval.tasks import typical_batch_length
     from mecheval.tasks.atr import TYPICAL_BATCHES
 
     cfg = ATRConfig(n_train=TYPICAL_BATCHES * 8, n_dev=8, n_test=8)
     lengths = build_datasets(cfg)["train"].lengths
     widths = lengths.view(TYPICAL_BATCHES, 8).amax(1)
-    assert typical_batch_length(cfg, 8) == int(widths.median())
-    assert typical_batch_length(cfg, 8) < max_length(cfg) // 4  # not the longest possible
+    assert cfg.typical_length(8) == int(widths.median())
+    assert cfg.typical_length(8) < cfg.max_length() // 4  # not the longest possible
     ar = ARConfig(n_pairs=5)
-    assert typical_batch_length(ar, 8) == max_length(ar)
+    assert ar.typical_length(8) == ar.max_length()

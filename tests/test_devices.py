@@ -22,7 +22,7 @@ from mecheval.interventions import interchange
 from mecheval.models import ModelConfig, build_model
 from mecheval.models.registry import BUILTIN_ARCHITECTURES
 from mecheval.models.sites import state_site_names
-from mecheval.tasks import ARConfig, Batch, build_datasets, corrupt, vocab_size
+from mecheval.tasks import ARConfig, Batch, build_datasets, corrupt
 
 TASK = ARConfig(kind="ar", n_keys=8, n_values=8, n_pairs=3, n_train=0, n_dev=6, n_test=0)
 
@@ -30,7 +30,7 @@ TASK = ARConfig(kind="ar", n_keys=8, n_values=8, n_pairs=3, n_train=0, n_dev=6, 
 def small_model(arch: str):
     torch.manual_seed(0)
     cfg = ModelConfig(
-        architecture=arch, d_model=16, n_layers=2, vocab_size=vocab_size(TASK), max_len=16
+        architecture=arch, d_model=16, n_layers=2, vocab_size=TASK.vocab_size(), max_len=16
     )
     return build_model(cfg).eval()
 

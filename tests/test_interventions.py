@@ -15,7 +15,7 @@ from mecheval.models import ARCHITECTURES, ModelConfig, build_model, site_names
 from mecheval.models.mixers.base import Mixer
 from mecheval.models.mixers.modules import ShortConv
 from mecheval.models.sites import name_sites
-from mecheval.tasks import ARConfig, ATRConfig, build_datasets, corrupt, vocab_size
+from mecheval.tasks import ARConfig, ATRConfig, build_datasets, corrupt
 from mecheval.tasks.batch import Batch
 from mecheval.tasks.scores import answer_scores
 
@@ -30,7 +30,7 @@ def ar_pair(n: int = 5, cfg: ARConfig = AR):
 def tiny(arch: str, cfg=AR, max_len: int = 16, seed: int = 0):
     torch.manual_seed(seed)
     model_cfg = ModelConfig(
-        architecture=arch, d_model=16, vocab_size=vocab_size(cfg), max_len=max_len
+        architecture=arch, d_model=16, vocab_size=cfg.vocab_size(), max_len=max_len
     )
     return build_model(model_cfg).eval()
 
@@ -83,7 +83,7 @@ def test_patching_after_the_query_changes_nothing(arch: str) -> None:
     model = tiny(arch)
     original, corrupted = ar_pair()
     pad = torch.randint(
-        3, vocab_size(AR), (len(corrupted), 4), generator=torch.Generator().manual_seed(0)
+        3, AR.vocab_size(), (len(corrupted), 4), generator=torch.Generator().manual_seed(0)
     )
     longer = corrupted.with_tokens(torch.cat([corrupted.tokens, pad], dim=1))
     after = longer.query + 2
@@ -121,7 +121,7 @@ def signal_model(arch: str, cfg=AR, max_len: int = 16, seed: int = 0):
     model_cfg = ModelConfig(
         architecture=arch,
         d_model=16,
-        vocab_size=vocab_size(cfg),
+        vocab_size=cfg.vocab_size(),
         max_len=max_len,
         init_std=SIGNAL_INIT_STD,
     )

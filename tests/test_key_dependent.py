@@ -11,7 +11,6 @@ import torch
 
 from mecheval.experiments.mechanisms import InterventionPlan, eval_batch, intervene_run
 from mecheval.tasks import ARConfig, ATRConfig, build_datasets
-from mecheval.tasks.atr import root_head_answers
 from mecheval.training.config import config_from_data
 from mecheval.training.run import train
 
@@ -20,11 +19,11 @@ ATR_LEFT = ATRConfig(n_train=0, n_dev=200, n_test=200, head="left", grammar_seed
 
 
 @pytest.mark.parametrize("cfg", [ATR, ATR_LEFT], ids=["right-headed", "left-headed"])
-def test_root_head_answers_are_those_whose_answer_has_no_parent(cfg) -> None:
+def test_key_free_documents_are_those_whose_answer_has_no_parent(cfg) -> None:
     """Checked against the stored derivations: the answer is the root's head exactly when its
     yield position has no parent."""
     ds = build_datasets(cfg)["dev"]
-    mask = root_head_answers(cfg, ds.batch(torch.arange(len(ds))))
+    mask = cfg.key_free(ds.batch(torch.arange(len(ds))))
     from_trees = torch.tensor(
         [ds.trees.parent_list(i)[int(ds.roles["value"][i]) - 1] == -1 for i in range(len(ds))]
     )
@@ -35,7 +34,7 @@ def test_root_head_answers_are_those_whose_answer_has_no_parent(cfg) -> None:
 def test_key_dependent_documents_leave_out_exactly_the_root_head_answers() -> None:
     everything, _ = eval_batch(ATR, "dev", None)
     dependent, corrupted = eval_batch(ATR, "dev", None, documents="key-dependent")
-    keep = ~root_head_answers(ATR, everything)
+    keep = ~ATR.key_free(everything)
     assert len(dependent) == int(keep.sum()) < len(everything)
     assert torch.equal(dependent.tokens, everything.tokens[keep][:, : dependent.tokens.shape[1]])
     # The counterfactual still changes exactly the key, to another terminal.
@@ -66,7 +65,7 @@ def test_intervene_run_records_its_documents_and_remeasures_when_they_change(tmp
     measured = intervene_run(run_dir, plan)
     written = json.loads((run_dir / "mechanism.json").read_text())
     everything, _ = eval_batch(cfg.task, "test", None)
-    expected = int((~root_head_answers(cfg.task, everything)).sum())
+    expected = int((~cfg.task.key_free(everything)).sum())
     assert written["documents"] == "key-dependent"
     assert written["n_docs"] == measured.n_docs == expected < 40
     assert written["range"] == pytest.approx(written["original"] - written["corrupted"])

@@ -4,8 +4,8 @@ back through another.
 The stage order is written here once. A module may import its own top-level package and the
 packages of lower stages; importing a package of the same stage (tasks <-> models) or of a
 higher one fails, and so does any import cycle between modules (function-level imports
-included: a cycle hidden in a function is still a cycle; imports for type checkers only are
-not edges).
+included: a cycle hidden in a function is still a cycle; so is one through imports for type
+checkers only, which the stage order leaves out).
 """
 
 from __future__ import annotations
@@ -37,21 +37,21 @@ def _modules() -> dict[str, Path]:
     return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
 
 
-def _imports(path: Path, name: str, known: set[str]) -> set[str]:
+def _imports(path: Path, name: str, known: set[str], typing_only: bool = False) -> set[str]:
     """The mecheval modules ``path`` imports (a name imported from a package counts as its
-    submodule when it is one)."""
+    submodule when it is one); with ``typing_only``, those under ``if TYPE_CHECKING:`` too."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     tree = ast.parse(path.read_text(encoding="utf-8"))
     # Imports under ``if TYPE_CHECKING:`` never run: they name a type for annotations only.
-    typing_only = {
+    for_type_checkers = {
         id(inner)
         for node in ast.walk(tree)
         if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
         for inner in ast.walk(node)
     }
     for node in ast.walk(tree):
-        if id(node) in typing_only:
+        if id(node) in for_type_checkers and not typing_only:
             continue
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("mecheval"))
@@ -76,10 +76,10 @@ def _stage(module: str) -> int:
     raise AssertionError(f"{module}: its package {head!r} is in no stage of STAGES")
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(typing_only: bool = False) -> dict[str, set[str]]:
     modules = _modules()
     known = set(modules)
-    return {name: _imports(path, name, known) for name, path in modules.items()}
+    return {name: _imports(path, name, known, typing_only) for name, path in modules.items()}
 
 
 def _package(module: str) -> str:
@@ -112,7 +112,9 @@ def test_the_kernels_import_no_module_above_them() -> None:
 
 
 def test_no_import_cycle() -> None:
-    graph = _graph()
+    """Not even through imports for type checkers: a module that names another's type only
+    still depends on it, and a reader follows the names round in a circle."""
+    graph = _graph(typing_only=True)
     # Package __init__ files re-export their submodules; an edge from a submodule back to its
     # own package's __init__ is how a package is assembled, not a design cycle.
     edges = {
@@ -167,3 +169,10 @@ def test_the_checker_sees_an_upward_import_and_a_cycle() -> None:
     # A real edge the parser must see: the trainer imports the task registry's package.
     assert "mecheval.tasks" in graph["mecheval.training.trainer"]
     assert "mecheval.contract" in graph["mecheval.cli.models"]
+    # An import under ``if TYPE_CHECKING:`` is an edge of the cycle check's graph only.
+    for_types = {
+        module: sorted(targets - graph[module])
+        for module, targets in _graph(typing_only=True).items()
+        if targets - graph[module]
+    }
+    assert for_types, "no import for type checkers seen"

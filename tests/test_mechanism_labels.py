@@ -21,10 +21,10 @@ from mecheval.models import ModelConfig, build_model
 from mecheval.models.mixers.attention import Attention, AttentionOptions
 from mecheval.models.mixers.base import Mixer
 from mecheval.models.sites import local_mixing_sites, name_sites
-from mecheval.tasks import ARConfig, build_datasets, corrupt, vocab_size
+from mecheval.tasks import ARConfig, build_datasets, corrupt
 
 TASK = ARConfig(kind="ar", n_keys=4, n_values=4, n_pairs=2, n_train=0, n_dev=64, n_test=0)
-V = vocab_size(TASK)  # 11: pad, bos, div, 4 keys, 4 values
+V = TASK.vocab_size()  # 11: pad, bos, div, 4 keys, 4 values
 P = 8  # positions
 D = 32  # residual width: tokens [0, V), positions [V, V+P), previous token [V+P, V+P+V)
 TOK, POS, PREV = 0, V, V + P

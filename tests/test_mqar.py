@@ -13,10 +13,9 @@ import pytest
 import torch
 
 from mecheval.errors import ConfigError
-from mecheval.tasks import SPLITS, build_datasets, corrupt, get_task, parse_task, token_names
+from mecheval.tasks import SPLITS, build_datasets, corrupt, parse_task
 from mecheval.tasks.compositional_mqar import CompositionalMQARConfig
 from mecheval.tasks.mqar import MQARConfig, draw_slots, power_law
-from mecheval.tasks.registry import roles_of
 from mecheval.tasks.vocab import BOS
 
 
@@ -35,7 +34,7 @@ def comp_cfg(**kw) -> CompositionalMQARConfig:
 
 
 def names(cfg, ids) -> list[str]:
-    table = token_names(cfg)
+    table = cfg.id_names()
     return [table[int(i)] for i in ids]
 
 
@@ -80,7 +79,7 @@ def test_mqar_probes_by_a_naive_reading() -> None:
     ds = build_datasets(cfg)["dev"]
     q = cfg.n_pairs
     assert len(ds) == cfg.n_dev * q
-    assert set(ds.roles) == set(roles_of(cfg)) == {"key", "value", "next_key", "query"}
+    assert set(ds.roles) == set(cfg.roles()) == {"key", "value", "next_key", "query"}
     for i in range(len(ds)):
         doc = names(cfg, ds.document(i))
         kv = read_pairs(doc, cfg.n_pairs)
@@ -113,7 +112,7 @@ def test_mqar_corruption_changes_only_the_key_to_an_absent_key() -> None:
     rows = torch.arange(60)
     changed = (bad.tokens != batch.tokens).nonzero()
     assert torch.equal(changed[:, 0], rows) and torch.equal(changed[:, 1], batch.roles["key"])
-    lo, hi = get_task("mqar").key_class(cfg)
+    lo, hi = cfg.key_class()
     new = bad.tokens[rows, batch.roles["key"]]
     assert bool(((new >= lo) & (new < hi)).all())
     real = batch.padding_mask
@@ -257,14 +256,13 @@ def test_impossible_parameters(kind: str, data: dict, field: str, says: str) -> 
 
 def test_dense_loss_is_the_mean_of_one_query_at_a_time() -> None:
     from mecheval.models import ModelConfig, build_model
-    from mecheval.tasks import vocab_size
     from mecheval.training.metrics import answer_loss
 
     cfg = mqar_cfg()
     batch = build_datasets(cfg)["train"].batch(torch.arange(6))
     torch.manual_seed(0)
     model = build_model(
-        ModelConfig(architecture="attention", d_model=16, vocab_size=vocab_size(cfg), max_len=40)
+        ModelConfig(architecture="attention", d_model=16, vocab_size=cfg.vocab_size(), max_len=40)
     ).double()
     dense = answer_loss(model, batch)
     logits = model(batch.tokens)
@@ -296,7 +294,7 @@ def test_trains_and_restores_at_its_roles(kind: str, tmp_path) -> None:
     measured = intervene_run(tmp_path / "m", InterventionPlan(split="dev"))
     assert measured is not None
     roles = [r for r in dict.fromkeys(measured.rows["role"].dropna()) if r]
-    assert roles == list(roles_of(cfg.task)) and "divider" not in roles
+    assert roles == list(cfg.task.roles()) and "divider" not in roles
     assert measured.n_docs == cfg.task.n_dev * cfg.task.queries
 
 

@@ -17,8 +17,6 @@ from mecheval.tasks import (
     build_datasets,
     build_grammar,
     corrupt,
-    max_length,
-    vocab_size,
 )
 from mecheval.tasks.atr import MIN_YIELD, choose_query, generate_atr, held_out_pairs
 from mecheval.tasks.pcfg import HEAD_SLOT, Tree, Uniforms, rederive, sample_tree
@@ -43,9 +41,9 @@ def test_paper_defaults():
     assert (cfg.n_nonterminals, cfg.n_terminals, cfg.terminal_weight) == (40, 20, 20)
     # yields up to 1020 symbols: a whole document fits the paper models' 1024 positions
     assert cfg.max_yield == 1020 and cfg.query == "parent"
-    assert vocab_size(cfg) == 23 and max_length(cfg) == 1023
-    assert max_length(ATRConfig(query="mixed")) == 1024
-    assert vocab_size(ATRConfig(query="mixed")) == 26
+    assert cfg.vocab_size() == 23 and cfg.max_length() == 1023
+    assert ATRConfig(query="mixed").max_length() == 1024
+    assert ATRConfig(query="mixed").vocab_size() == 26
 
 
 @pytest.mark.parametrize("head", ["right", "left"])
@@ -111,9 +109,9 @@ def test_no_yield_shorter_than_three(head):
     assert MIN_YIELD == 3
     cfg = ATRConfig(head=head)
     docs = generate_atr(cfg, "train", 400)
-    n_yield = docs["roles"]["divider"] - 1
+    n_yield = docs.roles["divider"] - 1
     assert int(n_yield.min()) == 3  # 3 is allowed, and happens
-    assert torch.equal(docs["lengths"], n_yield + 3)
+    assert torch.equal(docs.lengths, n_yield + 3)
     with pytest.raises(ValidationError):
         ATRConfig(max_yield=2)
 
@@ -220,7 +218,7 @@ def test_max_yield_rejects_long_samples():
     ds = build_datasets(cfg)["train"]
     n_yield = ds.roles["divider"] - 1
     assert int(n_yield.max()) <= 6 and int(n_yield.min()) >= MIN_YIELD
-    assert ds.tokens.shape[1] <= max_length(cfg)
+    assert ds.tokens.shape[1] <= cfg.max_length()
 
 
 def test_parent_queries(parent_data):

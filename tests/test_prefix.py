@@ -96,14 +96,14 @@ def test_running_from_any_block_and_position_gives_the_full_logits(case, resume:
 
 def ar_case(arch: str):
     """A float32 model of ``arch`` and 12 AR documents with their key-corrupted twins."""
-    from mecheval.tasks import ARConfig, build_datasets, corrupt, vocab_size
+    from mecheval.tasks import ARConfig, build_datasets, corrupt
 
     task = ARConfig(kind="ar", n_keys=8, n_values=8, n_pairs=3, n_train=0, n_dev=12, n_test=0)
     original = build_datasets(task)["dev"].batch(torch.arange(12))
     corrupted = corrupt(original, task, seed=3)
     torch.manual_seed(0)
     model = build_model(
-        ModelConfig(architecture=arch, d_model=16, vocab_size=vocab_size(task), max_len=16)
+        ModelConfig(architecture=arch, d_model=16, vocab_size=task.vocab_size(), max_len=16)
     ).eval()
     return model, original, corrupted
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from mecheval.interventions import interchange
 from mecheval.models import ModelConfig, build_model
 from mecheval.models.sites import state_site_names
-from mecheval.tasks import ARConfig, build_datasets, corrupt, vocab_size
+from mecheval.tasks import ARConfig, build_datasets, corrupt
 
 TASK = ARConfig(kind="ar", n_keys=8, n_values=8, n_pairs=3, n_train=0, n_dev=6, n_test=0)
 
@@ -19,7 +19,7 @@ TASK = ARConfig(kind="ar", n_keys=8, n_values=8, n_pairs=3, n_train=0, n_dev=6, 
 def model_for(arch: str, n_layers: int = 2):
     torch.manual_seed(0)
     cfg = ModelConfig(
-        architecture=arch, d_model=16, n_layers=n_layers, vocab_size=vocab_size(TASK), max_len=16
+        architecture=arch, d_model=16, n_layers=n_layers, vocab_size=TASK.vocab_size(), max_len=16
     )
     return build_model(cfg).double().eval()
 

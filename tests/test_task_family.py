@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from mecheval.errors import ConfigError
-from mecheval.tasks import ROLES, SPLITS, build_datasets, corrupt, get_task, parse_task, token_names
+from mecheval.tasks import ROLES, SPLITS, build_datasets, corrupt, get_task, parse_task
 from mecheval.tasks.noisy_ar import NoisyARConfig
 from mecheval.tasks.overwrite_ar import OverwriteARConfig
 from mecheval.tasks.vocab import BOS, DIV, N_SPECIAL
 
 
 def names_of(cfg, ids: list[int]) -> list[str]:
-    names = token_names(cfg)
+    names = cfg.id_names()
     return [names[i] for i in ids]
 
 
@@ -47,7 +47,7 @@ def test_noisy_ar_answers_and_roles_by_a_naive_reading() -> None:
         assert len(set(keys)) == len(keys) and len(set(values)) == len(values)
         query = doc[-1]
         want = dict(pairs)[query]  # the value after the one in-context copy of the query
-        assert token_names(cfg)[int(ds.answer[i])] == want
+        assert cfg.id_names()[int(ds.answer[i])] == want
         roles = {r: int(p[i]) for r, p in ds.roles.items()}
         assert doc[roles["key"]] == query and doc[roles["value"]] == want
         assert roles["value"] == roles["key"] + 1 and roles["next_key"] == roles["key"] + 2
@@ -63,7 +63,7 @@ def test_noisy_ar_corruption_changes_only_the_key_to_an_absent_key() -> None:
     changed = (bad.tokens != batch.tokens).nonzero()
     assert torch.equal(changed[:, 0], rows) and torch.equal(changed[:, 1], batch.roles["key"])
     new = bad.tokens[rows, batch.roles["key"]]
-    lo, hi = get_task("noisy_ar").key_class(cfg)
+    lo, hi = cfg.key_class()
     assert (lo, hi) == (N_SPECIAL, N_SPECIAL + cfg.n_keys)
     assert bool(((new >= lo) & (new < hi)).all())
     assert bool(((batch.tokens == new[:, None]).sum(1) == 0).all())  # absent before
@@ -105,13 +105,13 @@ def test_noisy_ar_noise_fraction_within_binomial_bounds(fraction: float) -> None
 
 def test_noisy_ar_layout_and_vocabulary() -> None:
     cfg = noisy_cfg()
-    names = token_names(cfg)
+    names = cfg.id_names()
     assert len(names) == N_SPECIAL + cfg.n_keys + cfg.n_values + cfg.n_noise
     assert names[N_SPECIAL] == "k0" and names[-1] == f"n{cfg.n_noise - 1}"
     ds = build_datasets(cfg)["test"]
     assert bool((ds.tokens[:, 0] == BOS).all())
     assert bool((ds.tokens[:, 2 * cfg.n_slots + 1] == DIV).all())
-    assert get_task("noisy_ar").max_length(cfg) == ds.tokens.shape[1]
+    assert cfg.max_length() == ds.tokens.shape[1]
 
 
 @pytest.mark.parametrize(
@@ -158,7 +158,7 @@ def test_overwrite_ar_answer_is_the_latest_value_by_a_naive_reading(share: float
         assert len({v for _, v in pairs}) == slots  # every value distinct
         query = doc[-1]
         latest = dict(pairs)[query]  # a dict keeps the last value written: latest wins
-        assert token_names(cfg)[int(ds.answer[i])] == latest
+        assert cfg.id_names()[int(ds.answer[i])] == latest
         occurrences = [2 * j + 1 for j, (k, _) in enumerate(pairs) if k == query]
         roles = {r: int(p[i]) for r, p in ds.roles.items()}
         assert roles["key"] == occurrences[-1] and roles["stale_key"] == occurrences[0]
@@ -262,9 +262,28 @@ def test_overwrite_ar_trains_and_restores_at_its_stale_roles(tmp_path) -> None:
 def test_answer_candidates_are_the_documents_values_by_a_naive_reading(make) -> None:
     cfg = make()
     batch = build_datasets(cfg)["dev"].batch(torch.arange(40))
-    names = token_names(cfg)
+    names = cfg.id_names()
     for b in range(40):
         context = batch.tokens[b, : int(batch.roles["divider"][b])].tolist()
         values = {t for t in context if names[t].startswith("v")}
         assert values and set(batch.candidates[b].nonzero().flatten().tolist()) == values
         assert int(batch.answer[b]) in values
+
+
+def test_the_ar_family_trains_with_ars_recipe() -> None:
+    """One recipe for AR's family: the paper's epochs and LR grid, and the quick preset's
+    learning rate of every architecture, are AR's for each of its tasks."""
+    from mecheval.models.registry import ARCHITECTURES
+    from mecheval.training.presets import preset
+
+    ar = get_task("ar")
+    family = ["noisy_ar", "overwrite_ar", "mqar", "compositional_mqar"]
+    for kind in family:
+        task = get_task(kind)
+        assert (task.default_epochs, task.paper_lrs) == (ar.default_epochs, ar.paper_lrs)
+        assert task.corrupt_to_absent
+        for arch in ARCHITECTURES:
+            quick = preset("quick", kind, arch)["training"]["lr"]
+            assert quick == preset("quick", "ar", arch)["training"]["lr"], (kind, arch)
+    assert any(preset("quick", "ar", a)["training"]["lr"] != 1e-3 for a in ARCHITECTURES)
+    assert get_task("atr").paper_lrs != ar.paper_lrs  # ATR keeps its own (§5)

@@ -57,7 +57,7 @@ from mecheval.models.config import ModelConfig
 from mecheval.models.mixers.base import Mixer, is_inert
 from mecheval.models.registry import get_architecture, parse_options
 from mecheval.models.sites import Site, get_site, iter_sites, site_names
-from mecheval.tasks import ROLES, ARConfig, Batch, build_datasets, corrupt, vocab_size
+from mecheval.tasks import ROLES, ARConfig, Batch, build_datasets, corrupt
 from mecheval.tasks.scores import answer_scores
 
 VOCAB = 23
@@ -363,7 +363,7 @@ def _close(a: Any, b: Any) -> Any:
 def check_interchange(arch: str, options: Mapping[str, Any] | None = None) -> str:
 
     task = ARConfig(kind="ar", n_keys=8, n_values=8, n_pairs=3, n_train=0, n_dev=N_DOCS, n_test=0)
-    assert vocab_size(task) <= VOCAB
+    assert task.vocab_size() <= VOCAB
     # Large init and float64, so that every patch matters: at init_std 0.02 restoring the key
     # moves the mean p(answer) by 4e-9..4e-6 on 5 of the 7 built-in architectures, and an
     # engine that restores nothing agrees with the naive loop to within any usable tolerance.
@@ -371,7 +371,7 @@ def check_interchange(arch: str, options: Mapping[str, Any] | None = None) -> st
     docs = build_datasets(task)["dev"].batch(torch.arange(N_DOCS))
     # Three more tokens after the query and a role "after" at the first of them: a causal
     # model's p(answer) cannot depend on what is restored there.
-    tail = random_tokens(N_DOCS, 3, seed=5) % vocab_size(task)
+    tail = random_tokens(N_DOCS, 3, seed=5) % task.vocab_size()
     original = Batch(
         torch.cat([docs.tokens, tail], 1),
         docs.answer,

@@ -44,7 +44,6 @@ def intervene_command(
     from mecheval.interventions.engine import RESTORE_METRICS
     from mecheval.models import site_names
     from mecheval.models.sites import state_site_names
-    from mecheval.tasks.registry import roles_of
     from mecheval.training.config import check_device
     from mecheval.training.folder import load_run
 
@@ -62,7 +61,7 @@ def intervene_command(
     for site in sites or []:
         if site not in known:
             raise ConfigError(f"--sites: {site!r} is not a site of this model ({', '.join(known)})")
-    task_roles = roles_of(cfg.task)
+    task_roles = cfg.task.roles()
     for role in roles or []:
         if role not in task_roles:
             raise ConfigError(f"--roles: unknown {role!r} (expected: {', '.join(task_roles)})")

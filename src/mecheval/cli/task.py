@@ -12,7 +12,7 @@ from rich.table import Table
 
 from mecheval.cli import HELP_MARKUP, CommandGroup, app
 from mecheval.errors import ConfigError
-from mecheval.tasks import SPLITS, TASKS, TaskConfig, build_datasets, task_of, token_names
+from mecheval.tasks import SPLITS, TASKS, TaskConfig, build_datasets
 from mecheval.tasks.registry import parse_task
 from mecheval.tasks.stats import dataset_stats
 
@@ -79,8 +79,7 @@ def show(
     """Print documents with their roles marked, and the answer."""
     cfg = task_config(kind, overrides, **_split_sizes(split, n))
     ds = build_datasets(cfg)[split]
-    names = token_names(cfg)
-    describe = task_of(cfg).describe
+    names = cfg.id_names()
     console = Console(highlight=False)
     colour = console.is_terminal
     for i in range(len(ds)):
@@ -98,7 +97,7 @@ def show(
             else:
                 parts.append(escape(f"[{','.join(roles)}:{names[tok]}]"))
         answer = escape(names[int(ds.answer[i])])
-        extra = "" if describe is None else escape(describe(ds, i))
+        extra = escape(cfg.describe(ds, i))
         # soft_wrap: one document per line when piped, so the output greps and diffs cleanly.
         console.print(f"{i}: " + " ".join(parts) + f" -> {answer}{extra}", soft_wrap=True)
     if colour:

@@ -32,7 +32,7 @@ from mecheval.io import atomic_write_text
 from mecheval.models import LanguageModel
 from mecheval.models.sites import last_layer_input, local_mixing_sites, parse_site
 from mecheval.schema import MEASUREMENT_COLUMNS
-from mecheval.tasks import Batch, build_datasets, corrupt, task_of
+from mecheval.tasks import Batch, build_datasets, corrupt
 from mecheval.tasks.scores import chance_level, n_candidates
 from mecheval.training import load_run, read_status
 
@@ -54,8 +54,8 @@ class InterventionPlan:
     #: also record restores at the last layer's input at every evaluation (emergence.csv)
     during_training: bool = False
     #: "all" (the paper's way) or "key-dependent": leave out the documents the task says a
-    #: model can answer without the key (``Task.key_free``; ATR: the answer is the root's
-    #: head), which corrupting the key cannot move, so the restores have range to be read
+    #: model can answer without the key (the task config's ``key_free``; ATR: the answer is
+    #: the root's head), which corrupting the key cannot move, so the restores have range to be read
     documents: Literal["all", "key-dependent"] = "all"
 
 
@@ -79,9 +79,9 @@ def eval_batch(
         datasets = build_datasets(task.model_copy(update={"n_train": 0}))
     dataset = datasets[split]
     chosen = torch.arange(len(dataset))
-    key_free = task_of(task).key_free
-    if documents == "key-dependent" and key_free is not None:
-        chosen = chosen[~key_free(task, dataset.batch(chosen))]
+    key_free = task.key_free(dataset.batch(chosen)) if documents == "key-dependent" else None
+    if key_free is not None:
+        chosen = chosen[~key_free]
         if not len(chosen):
             raise ConfigError(
                 f"documents: none of the {len(dataset)} {split} documents needs its key"

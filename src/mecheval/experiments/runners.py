@@ -332,14 +332,13 @@ def step_seconds(cfg: RunConfig) -> float:
     import torch
 
     from mecheval.models import build_model
-    from mecheval.tasks import typical_batch_length
     from mecheval.training.threads import torch_threads
 
     cfg = resolve(cfg)
     with torch_threads(1):
         with torch.random.fork_rng(devices=[]):
             model = build_model(cfg.model)
-            length = typical_batch_length(cfg.task, cfg.training.batch_size)
+            length = cfg.task.typical_length(cfg.training.batch_size)
             tokens = torch.randint(0, cfg.model.vocab_size or 2, (cfg.training.batch_size, length))
             at = torch.full((cfg.training.batch_size,), length - 1)
             times = []

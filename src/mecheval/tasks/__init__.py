@@ -1,35 +1,22 @@
-"""Synthetic in-context retrieval tasks: associative recall (AR) and treecall (ATR), and the
-registry that any other task joins (tasks/registry.py).
+"""Synthetic in-context retrieval tasks: associative recall (AR) and treecall (ATR), the AR
+family built on AR, and the registry that any other task joins (tasks/registry.py). A task is
+its config class: fields for its parameters, methods for its behaviour (tasks/base.py).
 
 Public API::
 
     from mecheval.tasks import (ARConfig, ATRConfig, TaskConfig, build_datasets, corrupt,
-                                vocab_size, max_length, TaskDataset, Batch, ROLES, get_task)
+                                TaskDataset, Batch, ROLES, get_task, register_task)
 """
 
 from mecheval.tasks.ar import ARConfig
 from mecheval.tasks.atr import MIN_YIELD, QUERY_TYPES, ATRConfig
-from mecheval.tasks.base import SPLITS, Task, TaskConfigBase
+from mecheval.tasks.base import SPLITS, TaskConfigBase
 from mecheval.tasks.batch import ROLES, Batch
 from mecheval.tasks.corrupt import corrupt
-from mecheval.tasks.dataset import (
-    TaskDataset,
-    build_datasets,
-    cache_path,
-    config_hash,
-    typical_batch_length,
-)
+from mecheval.tasks.dataset import TaskDataset, build_datasets, cache_path, config_hash
+from mecheval.tasks.documents import Documents
 from mecheval.tasks.pcfg import Grammar, build_grammar
-from mecheval.tasks.registry import (
-    TASKS,
-    get_task,
-    max_length,
-    parse_task,
-    register_task,
-    task_of,
-    token_names,
-    vocab_size,
-)
+from mecheval.tasks.registry import TASKS, get_task, kind_of, parse_task, register_task
 from mecheval.tasks.vocab import BOS, DIV, PAD
 
 #: The type of a run's ``task`` field: any registered task's config.
@@ -47,8 +34,8 @@ __all__ = [
     "ARConfig",
     "ATRConfig",
     "Batch",
+    "Documents",
     "Grammar",
-    "Task",
     "TaskConfig",
     "TaskConfigBase",
     "TaskDataset",
@@ -58,11 +45,7 @@ __all__ = [
     "config_hash",
     "corrupt",
     "get_task",
-    "max_length",
+    "kind_of",
     "parse_task",
     "register_task",
-    "task_of",
-    "token_names",
-    "typical_batch_length",
-    "vocab_size",
 ]

@@ -31,118 +31,24 @@ documents never do. Other tree edges in a document are not restricted.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import torch
 from pydantic import Field, ValidationInfo, field_validator
 
-from mecheval.tasks.base import (
-    SPLIT_IDS,
-    Task,
-    TaskConfigBase,
-    check_split,
-    numpy_rng,
-    present_ids,
-)
+from mecheval.tasks.base import SPLIT_IDS, TaskConfigBase, check_split, numpy_rng, present_ids
 from mecheval.tasks.batch import Batch
+from mecheval.tasks.documents import Documents
 from mecheval.tasks.no_context import edge_distribution, no_context_accuracy, optimal_guess
 from mecheval.tasks.pcfg import Grammar, Tree, Uniforms, build_grammar, sample_tree
 from mecheval.tasks.vocab import BOS, DIV, N_SPECIAL
-
-if TYPE_CHECKING:
-    from mecheval.tasks.dataset import TaskDataset
 
 QUERY_TYPES: tuple[str, ...] = ("parent", "sibling", "grandparent")
 
 #: ATR documents whose yield has fewer terminals than this are rejected, as in the paper's
 #: code (tinylang ``PCFG.sample``: ``len(sentence) < 3``).
 MIN_YIELD = 3
-
-
-class ATRConfig(TaskConfigBase):
-    """Associative treecall over a random head-marked PCFG (§5.1, Appendix B; see pcfg.py)."""
-
-    kind: Literal["atr"] = "atr"
-    grammar_seed: int = Field(0, ge=0, description="seed of the one PCFG shared by an experiment")
-    head: Literal["right", "left"] = Field("right", description="H: head terminal position")
-    max_depth: int = Field(10, ge=1, description="d_max: depth scores are drawn from 1..d_max")
-    max_rhs: int = Field(
-        5, ge=2, description="L_max: most symbols on a rule's right-hand side, head included"
-    )
-    max_rules: int = Field(5, ge=1, description="R_max: most rules per nonterminal")
-    n_nonterminals: int = Field(40, ge=1, description="|N|")
-    n_terminals: int = Field(20, ge=2, description="|Σ|")
-    terminal_weight: float = Field(
-        20.0, gt=0, description="r_Σ: weight of the terminal class vs 1 per allowed nonterminal"
-    )
-    # 1020: a whole document (<bos> yield <div> [query type] query) fits the 1024 positions of
-    # the paper's models (its code bounds the yield below 1024 symbols and never checks the
-    # document; ours counts the document, so no model with l_max 1024 meets a longer one).
-    max_yield: int = Field(
-        1020,
-        ge=MIN_YIELD,
-        description=f"yields longer than this are rejected (and shorter than {MIN_YIELD}); "
-        "1020 keeps every document within 1024 tokens",
-    )
-    query: Literal["parent", "sibling", "grandparent", "mixed"] = Field(
-        "parent", description="relation asked about; 'mixed' adds a query-type token"
-    )
-    split: float | None = Field(
-        None,
-        gt=0,
-        lt=1,
-        description="fraction of (query, answer) terminal pairs seen only in test (App. D.2)",
-    )
-
-    @field_validator("split")
-    @classmethod
-    def _split_leaves_both(cls, v: float | None, info: ValidationInfo) -> float | None:
-        if v is None or "n_terminals" not in info.data:
-            return v
-        check_split(v, info.data["n_terminals"] ** 2, "(query, answer)")
-        return v
-
-    @property
-    def query_types(self) -> tuple[str, ...]:
-        return QUERY_TYPES if self.query == "mixed" else (self.query,)
-
-
-# Token ids: the specials, terminals t0.., then, only when ``query == "mixed"``, one
-# query-type token per type (<parent>, <sibling>, <grandparent>).
-def terminal_id(cfg: ATRConfig, terminal: np.ndarray | int) -> np.ndarray | int:
-    return terminal + N_SPECIAL
-
-
-def qtype_id(cfg: ATRConfig, qtype: int) -> int:
-    return N_SPECIAL + cfg.n_terminals + qtype
-
-
-def token_names(cfg: ATRConfig) -> list[str]:
-    names = [f"t{i}" for i in range(cfg.n_terminals)]
-    return names + ([f"<{q}>" for q in QUERY_TYPES] if cfg.query == "mixed" else [])
-
-
-def max_length(cfg: ATRConfig) -> int:
-    return 1 + cfg.max_yield + 2 + (1 if cfg.query == "mixed" else 0)  # <bos> yield <div> [t] q
-
-
-def key_class(cfg: ATRConfig) -> tuple[int, int]:
-    return terminal_id(cfg, 0), terminal_id(cfg, cfg.n_terminals)
-
-
-def answer_candidates(cfg: ATRConfig, batch: Batch, vocab_size: int) -> torch.Tensor:
-    """The distinct terminals of each document's yield (positions before the divider).
-
-    The answer's class is *terminals*: a parent (grandparent, sibling) is named by its head
-    terminal, which sits at a yield position (``roles["value"]``); nonterminals have no
-    tokens. So the candidates are the terminals the document holds, the query's own terminal
-    included (it is in the yield, and a sibling query's answer can be the query itself).
-    Terminals repeat within a yield: each counts once, so the chance level is 1 / (distinct
-    terminals), not 1 / (yield length). The query-type tokens of ``query: mixed`` are not
-    terminals and never candidates.
-    """
-    return present_ids(batch, terminal_id(cfg, 0), terminal_id(cfg, cfg.n_terminals), vocab_size)
 
 
 @dataclass
@@ -192,6 +98,141 @@ class ATRTrees:
             "heads": self.heads,
             "rule_offsets": self.rule_offsets,
         }
+
+
+class ATRConfig(TaskConfigBase):
+    """Associative treecall over a random head-marked PCFG (§5.1, Appendix B; see pcfg.py)."""
+
+    label = "ATR"
+    default_epochs = 32  # §5
+    paper_lrs = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3)
+    family = "atr"
+    # Terminals repeat within yields, so "absent from the document" is often impossible; the
+    # paper swaps the terminal for any other (corrupt_to_absent stays False).
+    preset_fields = {
+        # Measured on the 2-core CPU, 2026-11-23 (docs/quick-preset.md, ATR): the paper's
+        # grammar and document count, 2 epochs (6,250 steps of batch 32: about 2 min for
+        # Attention and Based, about 6 min for Mamba from its cost per step, at one idle
+        # thread); 3 epochs of 32,000 gave 59-85 % dev accuracy, this 65-89 % (docs/atr.md).
+        # Larger batches cost more per document (a batch pads to its longest document), and
+        # d = 128 was several times slower per step without learning faster.
+        "quick": {"n_train": 100_000},
+        "tiny": {"n_train": 640, "n_dev": 32, "n_test": 32},
+    }
+    quick_epochs = 2
+    tree_class = ATRTrees
+
+    kind: Literal["atr"] = "atr"
+    grammar_seed: int = Field(0, ge=0, description="seed of the one PCFG shared by an experiment")
+    head: Literal["right", "left"] = Field("right", description="H: head terminal position")
+    max_depth: int = Field(10, ge=1, description="d_max: depth scores are drawn from 1..d_max")
+    max_rhs: int = Field(
+        5, ge=2, description="L_max: most symbols on a rule's right-hand side, head included"
+    )
+    max_rules: int = Field(5, ge=1, description="R_max: most rules per nonterminal")
+    n_nonterminals: int = Field(40, ge=1, description="|N|")
+    n_terminals: int = Field(20, ge=2, description="|Σ|")
+    terminal_weight: float = Field(
+        20.0, gt=0, description="r_Σ: weight of the terminal class vs 1 per allowed nonterminal"
+    )
+    # 1020: a whole document (<bos> yield <div> [query type] query) fits the 1024 positions of
+    # the paper's models (its code bounds the yield below 1024 symbols and never checks the
+    # document; ours counts the document, so no model with l_max 1024 meets a longer one).
+    max_yield: int = Field(
+        1020,
+        ge=MIN_YIELD,
+        description=f"yields longer than this are rejected (and shorter than {MIN_YIELD}); "
+        "1020 keeps every document within 1024 tokens",
+    )
+    query: Literal["parent", "sibling", "grandparent", "mixed"] = Field(
+        "parent", description="relation asked about; 'mixed' adds a query-type token"
+    )
+    split: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="fraction of (query, answer) terminal pairs seen only in test (App. D.2)",
+    )
+
+    @field_validator("split")
+    @classmethod
+    def _split_leaves_both(cls, v: float | None, info: ValidationInfo) -> float | None:
+        if v is None or "n_terminals" not in info.data:
+            return v
+        check_split(v, info.data["n_terminals"] ** 2, "(query, answer)")
+        return v
+
+    @property
+    def query_types(self) -> tuple[str, ...]:
+        return QUERY_TYPES if self.query == "mixed" else (self.query,)
+
+    # Token ids: the specials, terminals t0.., then, only when ``query == "mixed"``, one
+    # query-type token per type (<parent>, <sibling>, <grandparent>).
+    def terminal_id(self, terminal: np.ndarray | int) -> np.ndarray | int:
+        return terminal + N_SPECIAL
+
+    def qtype_id(self, qtype: int) -> int:
+        return N_SPECIAL + self.n_terminals + qtype
+
+    def token_names(self) -> list[str]:
+        names = [f"t{i}" for i in range(self.n_terminals)]
+        return names + ([f"<{q}>" for q in QUERY_TYPES] if self.query == "mixed" else [])
+
+    def max_length(self) -> int:
+        mixed = 1 if self.query == "mixed" else 0
+        return 1 + self.max_yield + 2 + mixed  # <bos> yield <div> [t] q
+
+    def key_class(self) -> tuple[int, int]:
+        return int(self.terminal_id(0)), int(self.terminal_id(self.n_terminals))
+
+    def shared_state(self) -> Grammar:
+        return build_grammar(self)
+
+    def generate(self, split: str, n: int, shared: Grammar | None = None) -> Documents:
+        return generate_atr(self, split, n, shared)
+
+    def answer_candidates(self, batch: Batch) -> torch.Tensor:
+        """The distinct terminals of each document's yield (positions before the divider).
+
+        The answer's class is *terminals*: a parent (grandparent, sibling) is named by its
+        head terminal, which sits at a yield position (``roles["value"]``); nonterminals have
+        no tokens. So the candidates are the terminals the document holds, the query's own
+        terminal included (it is in the yield, and a sibling query's answer can be the query
+        itself). Terminals repeat within a yield: each counts once, so the chance level is
+        1 / (distinct terminals), not 1 / (yield length). The query-type tokens of
+        ``query: mixed`` are not terminals and never candidates.
+        """
+        lo, hi = self.key_class()
+        return present_ids(batch, lo, hi, self.vocab_size())
+
+    def key_free(self, batch: Batch) -> torch.Tensor:
+        """Documents whose answer is the root's head: the last yield symbol (the first, in a
+        left-headed grammar). Half of the paper's parent queries are such, and a model
+        answers them from the document's end without finding the key, so corrupting the key
+        leaves them answered (``task stats``: "answer is the last yield symbol")."""
+        divider = batch.roles["divider"]
+        root = divider - 1 if self.head == "right" else torch.ones_like(batch.answer)
+        return batch.roles["value"] == root
+
+    def typical_length(self, batch_size: int) -> int:
+        """Documents vary from a few tokens to ``max_yield`` (1023 tokens): the median width
+        of the first TYPICAL_BATCHES training batches (generated here, in milliseconds) stands
+        for them, not the longest possible."""
+        sample = generate_atr(self, "train", TYPICAL_BATCHES * batch_size).lengths
+        return int(sample.view(TYPICAL_BATCHES, batch_size).amax(1).median())
+
+    def describe(self, documents: Documents, i: int) -> str:
+        """The query type of a mixed-query document."""
+        if self.query != "mixed":
+            return ""
+        return f" ({QUERY_TYPES[int(documents.extras['qtype'][i])]})"
+
+    def stats(self, documents: Documents) -> dict[str, torch.Tensor]:
+        return tree_stats(self, documents)
+
+
+#: Training batches sampled by :meth:`ATRConfig.typical_length`.
+TYPICAL_BATCHES = 16
 
 
 def held_out_pairs(cfg: ATRConfig) -> torch.Tensor | None:
@@ -247,8 +288,8 @@ def choose_query(
     return child, answers[child]
 
 
-def generate_atr(cfg: ATRConfig, split: str, n: int, grammar: Grammar | None = None) -> dict:
-    """``n`` documents of ``split``: arrays for TaskDataset plus the trees."""
+def generate_atr(cfg: ATRConfig, split: str, n: int, grammar: Grammar | None = None) -> Documents:
+    """``n`` documents of ``split``, with their trees."""
     g = grammar if grammar is not None else build_grammar(cfg)
     draw = Uniforms(numpy_rng(cfg.seed, SPLIT_IDS[split], 0xA7))
     held_t = held_out_pairs(cfg)
@@ -286,12 +327,12 @@ def generate_atr(cfg: ATRConfig, split: str, n: int, grammar: Grammar | None = N
         m = len(tree.terminals)
         row = tokens[d]
         row[0] = BOS
-        row[1 : 1 + m] = terminal_id(cfg, np.asarray(tree.terminals))
+        row[1 : 1 + m] = cfg.terminal_id(np.asarray(tree.terminals))
         row[1 + m] = DIV
         if mixed:
-            row[2 + m] = qtype_id(cfg, q)
-        row[2 + m + extra] = terminal_id(cfg, tree.terminals[child])
-        answer[d] = terminal_id(cfg, tree.terminals[ans])
+            row[2 + m] = cfg.qtype_id(q)
+        row[2 + m + extra] = cfg.terminal_id(tree.terminals[child])
+        answer[d] = cfg.terminal_id(tree.terminals[ans])
         key[d], value[d] = child + 1, ans + 1
         qtypes[d] = QUERY_TYPES.index(types[q])
     divider = n_yield + 1
@@ -312,27 +353,20 @@ def generate_atr(cfg: ATRConfig, split: str, n: int, grammar: Grammar | None = N
             np.concatenate([[0], np.cumsum([len(t.rules) for t, *_ in docs], dtype=np.int64)])
         ),
     )
-    return {
-        "tokens": torch.from_numpy(tokens),
-        "answer": torch.from_numpy(answer),
-        "roles": {k: torch.from_numpy(v) for k, v in roles.items()},
-        "lengths": torch.from_numpy(lengths),
-        "extras": {"qtype": torch.from_numpy(qtypes)},
-        "trees": trees,
-    }
+    return Documents(
+        tokens=torch.from_numpy(tokens),
+        answer=torch.from_numpy(answer),
+        roles={k: torch.from_numpy(v) for k, v in roles.items()},
+        lengths=torch.from_numpy(lengths),
+        extras={"qtype": torch.from_numpy(qtypes)},
+        trees=trees,
+    )
 
 
 # ------------------------------------------------------------------------ show, stats, length
 
 
-def describe(ds: TaskDataset, i: int) -> str:
-    """``task show``: the query type of a mixed-query document."""
-    if ds.cfg.query != "mixed":
-        return ""
-    return f" ({QUERY_TYPES[int(ds.extras['qtype'][i])]})"
-
-
-def _tree_shape(ds: TaskDataset) -> tuple[list[int], list[float], list[float]]:
+def _tree_shape(ds: Documents) -> tuple[list[int], list[float], list[float]]:
     """Per document: tree depth (edges on the longest root-leaf path), mean branching factor
     (children per terminal that has any) and share of yield positions whose terminal repeats."""
     assert ds.trees is not None
@@ -361,7 +395,7 @@ def _tree_shape(ds: TaskDataset) -> tuple[list[int], list[float], list[float]]:
     return depths, branching, repeated
 
 
-def tree_stats(ds: TaskDataset) -> dict[str, torch.Tensor]:
+def tree_stats(cfg: ATRConfig, ds: Documents) -> dict[str, torch.Tensor]:
     """``task stats``: tree depth, branching, repeated terminals, how often the answer is the
     query terminal itself or the last yield symbol (the root's head, in a right-headed
     grammar), and, for parent queries, how much the query alone gives away
@@ -378,86 +412,11 @@ def tree_stats(ds: TaskDataset) -> dict[str, torch.Tensor]:
         "answer equals query": (ds.answer == query).double(),
         "answer is the last yield symbol": (ds.answer == last).double(),
     }
-    if ds.cfg.query == "parent":
-        edges = edge_distribution(build_grammar(ds.cfg))
-        guess = terminal_id(ds.cfg, torch.from_numpy(optimal_guess(edges)))
+    if cfg.query == "parent":
+        edges = edge_distribution(build_grammar(cfg))
+        guess = cfg.terminal_id(torch.from_numpy(optimal_guess(edges)))
         out["no-context guess right (grammar-optimal)"] = (
-            guess[query - terminal_id(ds.cfg, 0)] == ds.answer
+            guess[query - cfg.terminal_id(0)] == ds.answer
         ).double()
         out["no-context accuracy, all edges (exact)"] = torch.tensor([no_context_accuracy(edges)])
     return out
-
-
-def root_head_answers(cfg: ATRConfig, batch: Batch) -> torch.Tensor:
-    """Documents whose answer is the root's head: the last yield symbol (the first, in a
-    left-headed grammar). Half of the paper's parent queries are such, and a model answers
-    them from the document's end without finding the key, so corrupting the key leaves them
-    answered (``task stats``: "answer is the last yield symbol")."""
-    root = batch.roles["divider"] - 1 if cfg.head == "right" else torch.ones_like(batch.answer)
-    return batch.roles["value"] == root
-
-
-#: Training batches sampled by :func:`typical_length`.
-TYPICAL_BATCHES = 16
-
-
-def typical_length(cfg: ATRConfig, batch_size: int) -> int:
-    """Documents vary from a few tokens to ``max_yield`` (1023 tokens): the median width of
-    the first TYPICAL_BATCHES training batches (generated here, in milliseconds) stands for
-    them, not the longest possible."""
-    sample = generate_atr(cfg, "train", TYPICAL_BATCHES * batch_size)["lengths"]
-    return int(sample.view(TYPICAL_BATCHES, batch_size).amax(1).median())
-
-
-# --------------------------------------------------------------------------------- presets
-PRESETS = {
-    "paper": {
-        "task": {"kind": "atr"},
-        "model": {"d_model": 64, "n_layers": 2},
-        "training": {"lr": 1e-3, "batch_size": 32, "epochs": 32},
-    },
-    # Measured on the 2-core CPU, 2026-11-23 (docs/quick-preset.md, ATR): the paper's grammar
-    # and document count, 2 epochs (6,250 steps of batch 32: about 2 min for Attention and
-    # Based, about 6 min for Mamba from its cost per step, at one idle thread); 3 epochs of
-    # 32,000 gave 59-85 % dev accuracy, this 65-89 % (docs/atr.md). Larger batches cost more
-    # per document (a batch pads to its longest document), and d = 128 was several times
-    # slower per step without learning faster.
-    "quick": {
-        "task": {"kind": "atr", "n_train": 100_000},
-        "model": {"d_model": 64, "n_layers": 2, "init_std": 0.1},
-        "training": {"lr": 1e-3, "batch_size": 32, "epochs": 2, "eval_every": 250},
-    },
-    "tiny": {
-        "task": {"kind": "atr", "n_train": 640, "n_dev": 32, "n_test": 32},
-        "model": {"d_model": 16, "n_layers": 2, "init_std": 0.1},
-        "training": {"steps": 40, "batch_size": 16, "eval_every": 20, "lr": 3e-3},
-    },
-}
-
-TASK = Task(
-    kind="atr",
-    label="ATR",
-    config=ATRConfig,
-    generate=generate_atr,
-    token_names=token_names,
-    max_length=max_length,
-    # Terminals repeat within yields, so "absent from the document" is often impossible; the
-    # paper swaps the terminal for any other.
-    key_class=key_class,
-    corrupt_to_absent=False,
-    default_epochs=32,  # §5
-    paper_lrs=(3e-5, 1e-4, 3e-4, 1e-3, 3e-3),
-    presets=PRESETS,
-    shared=build_grammar,
-    trees=ATRTrees,
-    describe=describe,
-    stats=tree_stats,
-    typical_length=typical_length,
-    key_free=root_head_answers,
-    # Measured at quick (docs/quick-preset.md, ATR): attention learns far worse at 3e-3 (68 %
-    # against 87 %); based is within noise either way (86.2 % against 84.4 %); mamba at 3e-3 was
-    # ahead of the other architectures' 1e-3 curves when stopped (77 % at step 1,500), as on
-    # AR. The others were not tried at 3e-3 at this preset and keep 1e-3.
-    quick_lrs={"mamba": 3e-3, "based": 3e-3},
-    answer_candidates=answer_candidates,
-)

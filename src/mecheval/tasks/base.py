@@ -1,29 +1,29 @@
-"""What every task shares: its config's common fields, the splits, seeded generators, and the
-:class:`Task` record that the task registry (tasks/registry.py) maps a kind to.
+"""What every task shares: its config's base class, which carries the task's behaviour, the
+splits, seeded generators and helpers for validators and answer candidates.
 
-A task is one module (tasks/ar.py, tasks/atr.py) that defines its config class, its document
-generator and a ``TASK = Task(...)``; one line in tasks/registry.py (or :func:`register_task`
-from outside the package) makes every stage use it: datasets, corruption, training defaults,
-presets, the experiment catalog, ``mecheval task show|stats`` and the report's labels.
+A task is one config class (tasks/ar.py's ``ARConfig``, tasks/atr.py's ``ATRConfig``): its
+fields are the task's parameters, its class attributes the task's constants (report label,
+the paper's epochs and learning-rate grid, preset fields) and its methods the task's
+behaviour (generate documents, name its ids, ...), with defaults where most tasks agree. One
+line in tasks/registry.py (or :func:`~mecheval.tasks.registry.register_task` from outside the
+package) makes every stage use it: datasets, corruption, training defaults, presets, the
+experiment catalog, ``mecheval task show|stats`` and the report's labels.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
-from mecheval.tasks.batch import ROLES
-from mecheval.tasks.vocab import N_SPECIAL
-
-if TYPE_CHECKING:
-    from mecheval.tasks.batch import Batch
-    from mecheval.tasks.dataset import TaskDataset
+from mecheval.errors import ConfigError
+from mecheval.tasks.batch import ROLES, Batch
+from mecheval.tasks.documents import Documents
+from mecheval.tasks.vocab import N_SPECIAL, SPECIAL_NAMES
 
 SPLITS = ("train", "dev", "test")
 #: Each split's entry in its seed: the splits draw from disjoint streams of one seed.
@@ -31,8 +31,13 @@ SPLIT_IDS = {split: i for i, split in enumerate(SPLITS)}
 
 
 class TaskConfigBase(BaseModel):
-    """The fields every task config has; a task's config subclasses it and adds
-    ``kind: Literal["<its kind>"] = "<its kind>"`` and its own fields."""
+    """A task: its parameters (fields), constants (class attributes) and behaviour (methods).
+
+    A task's config subclasses this, adds ``kind: Literal["<its kind>"] = "<its kind>"`` and
+    its own fields, sets ``label`` and implements :meth:`generate`, :meth:`token_names`,
+    :meth:`max_length` and :meth:`key_class`; the other methods have defaults that fit a task
+    whose every document needs its key and whose context holds answers only.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -42,8 +47,120 @@ class TaskConfigBase(BaseModel):
     n_dev: int = Field(320, ge=0, description="dev documents (paper: 320)")
     n_test: int = Field(320, ge=0, description="test documents (paper: 320)")
 
+    # ------------------------------------------------------------------------ constants
+    #: how reports name the task: "AR"
+    label: ClassVar[str] = ""
+    #: the paper's epochs for this task, and its learning-rate grid
+    default_epochs: ClassVar[int] = 16
+    paper_lrs: ClassVar[tuple[float, ...]] = (1e-3,)
+    #: the task fields of the ``quick`` and ``tiny`` presets (training/presets.py holds the
+    #: model and training parts, the same for every task; ``paper`` is the defaults)
+    preset_fields: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    #: epochs of the ``quick`` preset
+    quick_epochs: ClassVar[int] = 1
+    #: the tasks that share one training recipe (AR and the tasks built on it: "ar"), for the
+    #: quick preset's per-architecture learning rates (training/presets.py); "": none
+    family: ClassVar[str] = ""
+    #: corruption draws among the key class's ids absent from the document (AR: the corrupted
+    #: query then has no answer in context); False: among all other ids of the class
+    corrupt_to_absent: ClassVar[bool] = False
+    #: the shared roles (tasks/batch.py's ROLES) its documents carry, in ROLES' order: all of
+    #: them unless a role has no token to point at (MQAR has no divider)
+    shared_roles: ClassVar[tuple[str, ...]] = ROLES
+    #: roles beyond the shared ones (overwrite AR: stale_key, stale_value); datasets keep them
+    #: and interventions restore at them too
+    extra_roles: ClassVar[tuple[str, ...]] = ()
+    #: a per-document structure stored with the dataset (ATR's derivation trees): a class with
+    #: ``tensors() -> dict``, ``from_tensors(dict)`` and ``check(n)``; None: none
+    tree_class: ClassVar[Any] = None
+
+    # ------------------------------------------------------------------------ behaviour
+    def generate(self, split: str, n: int, shared: Any) -> Documents:
+        """``n`` documents of ``split``, drawn from the split's own seeded stream;
+        ``shared`` is :meth:`shared_state`'s result, built once for all splits."""
+        raise NotImplementedError
+
+    def token_names(self) -> list[str]:
+        """The names of the task's own ids, which follow the special tokens (tasks/vocab.py)."""
+        raise NotImplementedError
+
+    def max_length(self) -> int:
+        """Most input tokens of a document (query position + 1): the position-embedding size."""
+        raise NotImplementedError
+
+    def key_class(self) -> tuple[int, int]:
+        """[lo, hi) ids of the class a corrupted key is drawn from."""
+        raise NotImplementedError
+
+    def shared_state(self) -> Any:
+        """State built once per config and handed to every split's generator (ATR: its
+        grammar); None by default."""
+        return None
+
+    def answer_candidates(self, batch: Batch) -> torch.Tensor:
+        """[B, V] bool: the answer candidates present in each document, the ids of the
+        answer's class in its context (AR: the values before the divider; ATR: the terminals
+        of the yield). The binding scores (tasks/scores.py) and the label ``candidates only
+        (no binding)`` read them. By default every non-special id before the divider, right
+        for a task whose context holds answers only."""
+        return present_ids(batch, N_SPECIAL, self.vocab_size(), self.vocab_size())
+
+    def key_free(self, batch: Batch) -> torch.Tensor | None:
+        """bool [B]: documents a model can answer without reading the key (ATR: the answer is
+        the root's head), which interventions can leave out; None: every document needs its
+        key."""
+        del batch
+        return None
+
+    def split_rows(self, split: str) -> int:
+        """Rows the split's dataset holds: its document count unless the task cuts documents
+        into several rows (MQAR: one probe per query in dev and test)."""
+        return self.split_size(split)
+
+    def typical_length(self, batch_size: int) -> int:
+        """The padded width of a typical training batch: the sequence length at which to time
+        a training step (the longest document where lengths are fixed)."""
+        del batch_size
+        return self.max_length()
+
+    def check_train_queries(self, n_queries: int) -> int:
+        """Whether training documents can carry ``n_queries`` queries
+        (``training.train_queries``); the tokens each document gains. Raises ConfigError."""
+        del n_queries
+        raise ConfigError(f"training.train_queries: task {self.kind!r} takes no extra queries")
+
+    def extend_queries(
+        self, batch: Batch, n_queries: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Training documents with ``n_queries`` queries: (tokens, query positions [Q],
+        answers [B, Q]); only for a task whose :meth:`check_train_queries` accepts them."""
+        raise NotImplementedError
+
+    def describe(self, documents: Documents, i: int) -> str:
+        """``task show``: text printed after document ``i``'s answer."""
+        del documents, i
+        return ""
+
+    def stats(self, documents: Documents) -> dict[str, torch.Tensor]:
+        """``task stats``: per-document statistics beyond the shared ones (lengths, role
+        distances)."""
+        del documents
+        return {}
+
+    # ----------------------------------------------------------------------- derived
     def split_size(self, split: str) -> int:
         return {"train": self.n_train, "dev": self.n_dev, "test": self.n_test}[split]
+
+    def roles(self) -> tuple[str, ...]:
+        """The roles of the documents: the shared ROLES they have, then the task's own."""
+        return (*(r for r in ROLES if r in self.shared_roles), *self.extra_roles)
+
+    def id_names(self) -> list[str]:
+        """Printable name of every id, indexed by id: the specials, then the task's own."""
+        return [*SPECIAL_NAMES, *self.token_names()]
+
+    def vocab_size(self) -> int:
+        return len(SPECIAL_NAMES) + len(self.token_names())
 
 
 def out_of_range(msg: str, got: object) -> PydanticCustomError:
@@ -98,8 +215,8 @@ def present_ids(
     batch: Batch, lo: int, hi: int, vocab_size: int, end: int | None = None
 ) -> torch.Tensor:
     """[B, V] bool: True at the ids in [lo, hi) that occur in a document before ``end`` (by
-    default its divider, ``roles["divider"]``): the helper for :attr:`Task.answer_candidates`
-    hooks."""
+    default its divider, ``roles["divider"]``): the helper for
+    :meth:`TaskConfigBase.answer_candidates`."""
     tokens = batch.tokens
     steps = torch.arange(tokens.shape[1], device=tokens.device)
     stop = batch.roles["divider"][:, None] if end is None else end
@@ -109,74 +226,3 @@ def present_ids(
     rows, cols = hit.nonzero(as_tuple=True)
     mask[rows, tokens[rows, cols]] = True
     return mask
-
-
-def context_ids(batch: Batch, vocab_size: int) -> torch.Tensor:
-    """The default answer candidates: every non-special id before the divider."""
-    return present_ids(batch, N_SPECIAL, vocab_size, vocab_size)
-
-
-#: (cfg, split, n documents, the task's shared state) -> the arrays of a TaskDataset:
-#: tokens, answer, roles, lengths, extras (and trees, for a task that keeps derivations).
-Generator = Callable[[Any, str, int, Any], dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class Task:
-    """One task kind: everything the pipeline needs to know about it, in one record."""
-
-    kind: str
-    label: str  # how reports name it: "AR"
-    config: type[TaskConfigBase]
-    generate: Generator
-    #: names of the task's own token ids, which follow the special tokens (tasks/vocab.py)
-    token_names: Callable[[Any], list[str]]
-    #: most input tokens of a document (query position + 1): the position-embedding size
-    max_length: Callable[[Any], int]
-    #: [lo, hi) ids of the class a corrupted key is drawn from
-    key_class: Callable[[Any], tuple[int, int]]
-    #: corruption draws among the class's ids absent from the document (AR: the corrupted query
-    #: then has no answer in context); False: among all other ids of the class
-    corrupt_to_absent: bool
-    default_epochs: int  # the paper's epochs for this task
-    paper_lrs: tuple[float, ...]  # the paper's learning-rate grid
-    #: preset name ("paper", "quick", "tiny") -> run config data (task, model, training)
-    presets: Mapping[str, Mapping[str, Any]]
-    #: per-architecture peak LR of the quick preset (others keep the preset's)
-    quick_lrs: Mapping[str, float] = field(default_factory=dict)
-    #: state built once per config and passed to every split's generator (ATR's grammar)
-    shared: Callable[[Any], Any] | None = None
-    #: a per-document structure stored with the dataset (ATR's derivation trees): a class with
-    #: ``tensors() -> dict`` and ``from_tensors(dict)``
-    trees: Any = None
-    #: ``task show``: text printed after document i's answer
-    describe: Callable[[TaskDataset, int], str] | None = None
-    #: ``task stats``: statistics beyond the shared ones (lengths, role distances)
-    stats: Callable[[TaskDataset], dict[str, torch.Tensor]] | None = None
-    #: the padded width of a typical training batch, where lengths vary (default: max_length)
-    typical_length: Callable[[Any, int], int] | None = None
-    #: training.train_queries > 1: (cfg, n) -> extra tokens, after checking the config can
-    #: take n queries, and (batch, n, generator) -> (tokens, positions, answers)
-    check_train_queries: Callable[[Any, int], int] | None = None
-    extend_queries: Callable[[Batch, int, torch.Generator], tuple] | None = None
-    #: (cfg, batch) -> bool [B]: documents a model can answer without reading the key (ATR:
-    #: the answer is the root's head), which interventions can leave out
-    #: (``InterventionPlan.documents``); None: every document needs its key
-    key_free: Callable[[Any, Batch], torch.Tensor] | None = None
-    #: (cfg, batch, vocabulary size) -> bool [B, V]: the answer candidates present in each
-    #: document, the ids of the answer's class that occur in its context (AR: the values
-    #: before the divider; ATR: the terminals of the yield); the answer should be one of them.
-    #: The binding scores (tasks/scores.py: in-context mass and accuracy) and the label
-    #: ``candidates only (no binding)`` read them. None: every non-special id before the
-    #: divider (:func:`context_ids`), right for a task whose context holds answers only.
-    answer_candidates: Callable[[Any, Batch, int], torch.Tensor] | None = None
-    #: roles beyond the shared ones (tasks/batch.py's ROLES) that the task's documents carry
-    #: (overwrite AR: stale_key, stale_value); datasets keep them and interventions restore
-    #: at them too
-    extra_roles: tuple[str, ...] = ()
-    #: the shared roles (tasks/batch.py's ROLES) its documents carry, in ROLES' order: all of
-    #: them unless a role has no token to point at (MQAR has no divider)
-    shared_roles: tuple[str, ...] = ROLES
-    #: (cfg, split) -> rows the split's dataset holds, where that is not the split's document
-    #: count (MQAR: one probe per query in dev and test); None: ``cfg.split_size(split)``
-    split_rows: Callable[[Any, str], int] | None = None

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 import torch
 
 #: Role names every task's documents carry, in the order reports show them. Each maps to one
-#: position per document. A task may add its own after these (``Task.extra_roles``, e.g.
-#: overwrite AR's stale_key and stale_value; ``registry.roles_of``).
+#: position per document. A task may add its own after these (its config's ``extra_roles``,
+#: e.g. overwrite AR's stale_key and stale_value; ``cfg.roles()`` lists them all).
 ROLES: tuple[str, ...] = ("key", "value", "next_key", "divider", "query")
 
 #: ``Batch.extras`` of a task that supervises several answers per training document (MQAR):

@@ -31,41 +31,44 @@ composed.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 from pydantic import Field, ValidationInfo, field_validator
 
-from mecheval.tasks.ar import distinct_rows
-from mecheval.tasks.base import (
-    SPLIT_IDS,
-    Task,
-    TaskConfigBase,
-    out_of_range,
-    present_ids,
-    torch_generator,
-)
-from mecheval.tasks.batch import Batch
-from mecheval.tasks.mqar import (
-    draw_slots,
-    fillers,
-    queries_fit,
-    room_for_queries,
-    rows_of,
-    split_rows,
-)
-from mecheval.tasks.mqar import stats as mqar_stats
+from mecheval.tasks.base import SPLIT_IDS, out_of_range, torch_generator
+from mecheval.tasks.documents import Documents
+from mecheval.tasks.family import distinct_rows
+from mecheval.tasks.mqar import MultiQueryConfig, draw_slots, fillers, split_rows
 from mecheval.tasks.vocab import BOS, N_SPECIAL
 
-if TYPE_CHECKING:
-    from mecheval.tasks.dataset import TaskDataset
 
-EXTRA_ROLES = ("key_first", "key_last", "query_first")
-
-
-class CompositionalMQARConfig(TaskConfigBase):
+class CompositionalMQARConfig(MultiQueryConfig):
     """Compositional MQAR: two-token keys on a G x G grid, MQAR's queries → each query's
     value (zoology's ``compositional_mqar``)."""
+
+    label = "Compositional MQAR"
+    extra_roles = ("key_first", "key_last", "query_first")
+    tokens_per_key = 2
+    preset_fields = {
+        # Two-token keys at MQAR quick's scale: 4 first, 4 last tokens and 16 values, a 2 x 2
+        # grid (4 pairs, 4 queries) with 4 query slots (seq_len 24: the queries fill them), 2
+        # epochs. Measured (docs/tasks.md): attention sits at the one-token plateau (dev
+        # accuracy 0.6) until it composes the two tokens, at step 3,750 (then 1.00); with 8
+        # first and 8 last tokens it had not composed by the end of 2 epochs (0.64-0.68, also
+        # at lr 3e-3), with 8 slots (seq_len 36) not in 3 epochs (0.58).
+        "quick": {"n_first": 4, "n_last": 4, "n_values": 16, "n_pairs": 4, "seq_len": 24},
+        "tiny": {
+            "n_first": 4,
+            "n_last": 4,
+            "n_values": 8,
+            "n_pairs": 4,
+            "seq_len": 24,
+            "n_dev": 16,
+            "n_test": 16,
+        },
+    }
+    quick_epochs = 2
 
     kind: Literal["compositional_mqar"] = "compositional_mqar"
     n_first: int = Field(2048, ge=1, description="vocabulary of a key's first token")
@@ -110,57 +113,40 @@ class CompositionalMQARConfig(TaskConfigBase):
             )
         return v
 
-    @field_validator("n_queries")
-    @classmethod
-    def _queries_fit(cls, v: int | None, info: ValidationInfo) -> int | None:
-        return queries_fit(v, info)
+    # Token ids: the specials, then first tokens a0.., last tokens b0.., values v0.. (disjoint).
+    def first_id(self, i: torch.Tensor | int) -> torch.Tensor | int:
+        return i + N_SPECIAL
 
-    @field_validator("seq_len")
-    @classmethod
-    def _room_for_queries(cls, v: int, info: ValidationInfo) -> int:
-        return room_for_queries(v, info, tokens_per_key=2)
+    def last_id(self, i: torch.Tensor | int) -> torch.Tensor | int:
+        return i + N_SPECIAL + self.n_first
 
-    @property
-    def queries(self) -> int:
-        return self.n_pairs if self.n_queries is None else self.n_queries
+    def value_id(self, i: torch.Tensor | int) -> torch.Tensor | int:
+        return i + N_SPECIAL + self.n_first + self.n_last
 
+    def token_names(self) -> list[str]:
+        return (
+            [f"a{i}" for i in range(self.n_first)]
+            + [f"b{i}" for i in range(self.n_last)]
+            + [f"v{i}" for i in range(self.n_values)]
+        )
 
-# Token ids: the specials, then first tokens a0.., last tokens b0.., values v0.. (disjoint).
-def first_id(cfg: CompositionalMQARConfig, i: torch.Tensor | int) -> torch.Tensor | int:
-    return i + N_SPECIAL
+    def key_class(self) -> tuple[int, int]:
+        if self.corrupt == "first":
+            return int(self.first_id(0)), int(self.first_id(self.n_first))
+        return int(self.last_id(0)), int(self.last_id(self.n_last))
 
+    def generate(self, split: str, n: int, shared: None = None) -> Documents:
+        return generate_compositional_mqar(self, split, n)
 
-def last_id(cfg: CompositionalMQARConfig, i: torch.Tensor | int) -> torch.Tensor | int:
-    return i + N_SPECIAL + cfg.n_first
-
-
-def value_id(cfg: CompositionalMQARConfig, i: torch.Tensor | int) -> torch.Tensor | int:
-    return i + N_SPECIAL + cfg.n_first + cfg.n_last
-
-
-def token_names(cfg: CompositionalMQARConfig) -> list[str]:
-    return (
-        [f"a{i}" for i in range(cfg.n_first)]
-        + [f"b{i}" for i in range(cfg.n_last)]
-        + [f"v{i}" for i in range(cfg.n_values)]
-    )
+    def describe(self, documents: Documents, i: int) -> str:
+        text = super().describe(documents, i)
+        if "document" in documents.extras:  # a probe: which key token corruption replaces
+            text = f"{text.removesuffix(')')}; corrupt: {self.corrupt} key token)"
+        return text
 
 
-def max_length(cfg: CompositionalMQARConfig) -> int:
-    space = (cfg.seq_len - 3 * cfg.n_pairs) // 3
-    return 1 + 3 * cfg.n_pairs + 3 * (space - 1) + 2  # the last slot's query ends at + 1
-
-
-def key_class(cfg: CompositionalMQARConfig) -> tuple[int, int]:
-    if cfg.corrupt == "first":
-        return first_id(cfg, 0), first_id(cfg, cfg.n_first)
-    return last_id(cfg, 0), last_id(cfg, cfg.n_last)
-
-
-def generate_compositional_mqar(
-    cfg: CompositionalMQARConfig, split: str, n: int, shared: None = None
-) -> dict:
-    """``n`` documents of ``split`` as the rows of a TaskDataset (tasks/mqar.py's rows)."""
+def generate_compositional_mqar(cfg: CompositionalMQARConfig, split: str, n: int) -> Documents:
+    """``n`` documents of ``split`` as dataset rows (tasks/mqar.py's rows)."""
     gen = torch_generator(cfg.seed, SPLIT_IDS[split], 0xC0A4)
     p, q = cfg.n_pairs, cfg.queries
     side = math.isqrt(p)
@@ -168,9 +154,9 @@ def generate_compositional_mqar(
     lasts = distinct_rows(gen, n, side, cfg.n_last)
     # The grid's cells in a random order per document: cell c = (first c // G, last c % G).
     cells = torch.rand(n, p, generator=gen).argsort(dim=1)
-    first_tok = first_id(cfg, firsts.gather(1, cells // side))
-    last_tok = last_id(cfg, lasts.gather(1, cells % side))
-    values = value_id(cfg, distinct_rows(gen, n, p, cfg.n_values))
+    first_tok = cfg.first_id(firsts.gather(1, cells // side))
+    last_tok = cfg.last_id(lasts.gather(1, cells % side))
+    values = cfg.value_id(distinct_rows(gen, n, p, cfg.n_values))
     asked = torch.rand(n, p, generator=gen).argsort(dim=1)[:, :q] if q < p else None
     if asked is None:
         asked = torch.arange(p).expand(n, p)
@@ -195,90 +181,3 @@ def generate_compositional_mqar(
         "query_first": query_pos - 1,
     }
     return split_rows(split, tokens, query_pos, values.gather(1, asked), roles)
-
-
-def describe(ds: TaskDataset, i: int) -> str:
-    if "document" not in ds.extras:
-        return f"  ({ds.extras['answers'].shape[1]} queries, this one the last)"
-    return (
-        f"  (document {int(ds.extras['document'][i])}, query "
-        f"{int(ds.extras['query_index'][i]) + 1} of {ds.cfg.queries}; corrupt: "
-        f"{ds.cfg.corrupt} key token)"
-    )
-
-
-def stats(ds: TaskDataset) -> dict[str, torch.Tensor]:
-    out = mqar_stats(ds)
-    out["query slot (from the region's start)"] = (ds.roles["query"] - 2 - 3 * ds.cfg.n_pairs) // 3
-    return out
-
-
-# --------------------------------------------------------------------------------- presets
-# quick: two-token keys at MQAR quick's scale: 4 first, 4 last tokens and 16 values, a 2 x 2
-# grid (4 pairs, 4 queries) with 4 query slots (seq_len 24: the queries fill them), 2 epochs.
-# Measured (docs/tasks.md): attention sits at the one-token plateau (dev accuracy 0.6) until
-# it composes the two tokens, at step 3,750 (then 1.00); with 8 first and 8 last tokens it had
-# not composed by the end of 2 epochs (0.64-0.68, also at lr 3e-3), with 8 slots (seq_len 36)
-# not in 3 epochs (0.58).
-PRESETS = {
-    "paper": {
-        "task": {"kind": "compositional_mqar"},
-        "model": {"d_model": 64, "n_layers": 2},
-        "training": {"lr": 1e-3, "batch_size": 32, "epochs": 16},
-    },
-    "quick": {
-        "task": {
-            "kind": "compositional_mqar",
-            "n_first": 4,
-            "n_last": 4,
-            "n_values": 16,
-            "n_pairs": 4,
-            "seq_len": 24,
-        },
-        "model": {"d_model": 64, "n_layers": 2, "init_std": 0.1},
-        "training": {"lr": 1e-3, "batch_size": 32, "epochs": 2, "eval_every": 250},
-    },
-    "tiny": {
-        "task": {
-            "kind": "compositional_mqar",
-            "n_first": 4,
-            "n_last": 4,
-            "n_values": 8,
-            "n_pairs": 4,
-            "seq_len": 24,
-            "n_train": 640,
-            "n_dev": 16,
-            "n_test": 16,
-        },
-        "model": {"d_model": 16, "n_layers": 2, "init_std": 0.1},
-        "training": {"steps": 40, "batch_size": 16, "eval_every": 20, "lr": 3e-3},
-    },
-}
-
-
-def answer_candidates(cfg: CompositionalMQARConfig, batch: Batch, vocab_size: int) -> torch.Tensor:
-    """The values of each document's pairs (before the query region)."""
-    lo, hi = value_id(cfg, 0), value_id(cfg, cfg.n_values)
-    return present_ids(batch, lo, hi, vocab_size, end=1 + 3 * cfg.n_pairs)
-
-
-TASK = Task(
-    kind="compositional_mqar",
-    label="Compositional MQAR",
-    config=CompositionalMQARConfig,
-    generate=generate_compositional_mqar,
-    token_names=token_names,
-    max_length=max_length,
-    key_class=key_class,
-    corrupt_to_absent=True,
-    default_epochs=16,  # as AR (§4.1)
-    paper_lrs=(3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2),  # AR's grid
-    presets=PRESETS,
-    quick_lrs={"mamba": 3e-3, "hyena": 3e-3},  # AR's, not re-measured on this task
-    describe=describe,
-    stats=stats,
-    extra_roles=EXTRA_ROLES,
-    answer_candidates=answer_candidates,
-    shared_roles=("key", "value", "next_key", "query"),
-    split_rows=lambda cfg, split: rows_of(split, cfg.split_size(split), cfg.queries),
-)

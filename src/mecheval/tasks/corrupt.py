@@ -1,5 +1,5 @@
 """Counterfactual documents: the token at ``roles["key"]`` replaced by another of its class
-(the task's ``key_class``).
+(the task's ``key_class()``).
 
 * A task with ``corrupt_to_absent`` (AR): another id, drawn uniformly among the class's ids
   that occur nowhere in the document, so the corrupted query has no answer in context (the
@@ -18,7 +18,6 @@ import torch
 
 from mecheval.tasks.base import TaskConfigBase
 from mecheval.tasks.batch import Batch
-from mecheval.tasks.registry import task_of
 
 
 def corrupt(batch: Batch, cfg: TaskConfigBase, seed: int) -> Batch:
@@ -27,12 +26,11 @@ def corrupt(batch: Batch, cfg: TaskConfigBase, seed: int) -> Batch:
     rows = torch.arange(len(batch))
     pos = batch.roles["key"].cpu()
     old = tokens[rows, pos]
-    task = task_of(cfg)
-    lo, hi = task.key_class(cfg)
+    lo, hi = cfg.key_class()
     n_class = hi - lo
     if n_class < 2:
         raise ValueError("corrupt: the key class has a single token; nothing to swap in")
-    if task.corrupt_to_absent and len(batch):
+    if cfg.corrupt_to_absent and len(batch):
         present = torch.zeros(len(batch), n_class, dtype=torch.bool)
         in_class = (tokens >= lo) & (tokens < hi)
         r, c = in_class.nonzero(as_tuple=True)

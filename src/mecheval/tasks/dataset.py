@@ -17,14 +17,13 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from mecheval.io import atomic_save_safetensors
-from mecheval.tasks.base import SPLITS, TaskConfigBase, context_ids
+from mecheval.tasks.base import SPLITS, TaskConfigBase
 from mecheval.tasks.batch import Batch
-from mecheval.tasks.registry import max_length, roles_of, task_of, token_names, vocab_size
+from mecheval.tasks.documents import Documents
 
 #: Bump when generation changes, so stale caches are never reused.
 #: 2: rules are a head slot plus 1..L_max-1 symbols, yields under 3 symbols are rejected,
@@ -33,24 +32,16 @@ FORMAT_VERSION = 2
 
 
 @dataclass
-class TaskDataset:
-    """One split: ``tokens [N, T]`` long, right-padded with 0 to the split's longest document."""
+class TaskDataset(Documents):
+    """One split of a task config: its documents, ``tokens [N, T]`` right-padded with 0 to the
+    split's longest."""
 
-    cfg: TaskConfigBase
-    split: str
-    tokens: torch.Tensor  # [N, T] long
-    answer: torch.Tensor  # [N] long
-    roles: dict[str, torch.Tensor]  # role -> [N] positions
-    lengths: torch.Tensor  # [N] query position + 1
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # per doc, e.g. ATR "qtype"
-    trees: Any = None  # the task's per-document structure (ATR: its derivations), if any
-
-    def __len__(self) -> int:
-        return self.tokens.shape[0]
+    cfg: TaskConfigBase = field(kw_only=True)
+    split: str = field(kw_only=True)
 
     @property
     def token_names(self) -> list[str]:
-        return token_names(self.cfg)
+        return self.cfg.id_names()
 
     def batch(self, indices: torch.Tensor) -> Batch:
         """The documents at ``indices``, padding trimmed to the batch's longest, with their
@@ -65,7 +56,7 @@ class TaskDataset:
             lengths=lengths,
             extras={k: v[indices] for k, v in self.extras.items()},
         )
-        return replace(batch, candidates=answer_candidates(self.cfg, batch))
+        return replace(batch, candidates=self.cfg.answer_candidates(batch))
 
     def iter_batches(
         self,
@@ -99,7 +90,7 @@ class TaskDataset:
         cls, cfg: TaskConfigBase, split: str, t: dict[str, torch.Tensor]
     ) -> TaskDataset:
         trees = None
-        tree_class = task_of(cfg).trees
+        tree_class = cfg.tree_class
         if tree_class is not None:
             trees = tree_class.from_tensors(
                 {k[len("trees.") :]: v for k, v in t.items() if k.startswith("trees.")}
@@ -109,7 +100,7 @@ class TaskDataset:
             split=split,
             tokens=t["tokens"],
             answer=t["answer"],
-            roles={r: t[f"roles.{r}"] for r in roles_of(cfg)},
+            roles={r: t[f"roles.{r}"] for r in cfg.roles()},
             lengths=t["lengths"],
             extras={k[len("extras.") :]: v for k, v in t.items() if k.startswith("extras.")},
             trees=trees,
@@ -133,20 +124,6 @@ class TaskDataset:
             self.trees.check(n)
 
 
-def answer_candidates(cfg: TaskConfigBase, batch: Batch) -> torch.Tensor:
-    """[B, V] bool: the answer candidates present in each document of ``batch`` (the task's
-    ``answer_candidates`` hook, or every non-special id before the divider)."""
-    hook = task_of(cfg).answer_candidates
-    size = vocab_size(cfg)
-    return context_ids(batch, size) if hook is None else hook(cfg, batch, size)
-
-
-def split_rows(cfg: TaskConfigBase, split: str) -> int:
-    """Rows of the split's dataset: its document count, or the task's ``split_rows``."""
-    rows = task_of(cfg).split_rows
-    return cfg.split_size(split) if rows is None else rows(cfg, split)
-
-
 def config_hash(cfg: TaskConfigBase) -> str:
     blob = json.dumps({"v": FORMAT_VERSION, "cfg": cfg.model_dump(mode="json")}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
@@ -156,21 +133,12 @@ def cache_path(cfg: TaskConfigBase, cache_dir: Path) -> Path:
     return Path(cache_dir) / f"{cfg.kind}-{config_hash(cfg)}.safetensors"
 
 
-def typical_batch_length(cfg: TaskConfigBase, batch_size: int) -> int:
-    """The padded width of a typical training batch: the sequence length at which to time a
-    training step (the task's ``typical_length``; its longest document where lengths are
-    fixed)."""
-    typical = task_of(cfg).typical_length
-    return max_length(cfg) if typical is None else typical(cfg, batch_size)
-
-
 def _generate(cfg: TaskConfigBase) -> dict[str, TaskDataset]:
-    task = task_of(cfg)
-    shared = None if task.shared is None else task.shared(cfg)
+    shared = cfg.shared_state()
     out = {}
     for split in SPLITS:
-        parts = task.generate(cfg, split, cfg.split_size(split), shared)
-        out[split] = TaskDataset(cfg=cfg, split=split, **parts)
+        documents = cfg.generate(split, cfg.split_size(split), shared)
+        out[split] = TaskDataset(**vars(documents), cfg=cfg, split=split)
     return out
 
 
@@ -193,7 +161,7 @@ def _load(cfg: TaskConfigBase, path: Path) -> dict[str, TaskDataset] | None:
     except Exception:
         # Truncated, corrupt or inconsistent: rebuild rather than trust any of it.
         return None
-    if any(len(out[s]) != split_rows(cfg, s) for s in SPLITS):
+    if any(len(out[s]) != cfg.split_rows(s) for s in SPLITS):
         return None
     return out
 

@@ -42,31 +42,122 @@ corrupted query has no answer in context.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 from pydantic import Field, ValidationInfo, field_validator
 
-from mecheval.tasks.ar import distinct_rows, key_class, key_id, token_names, value_id
-from mecheval.tasks.base import (
-    SPLIT_IDS,
-    Task,
-    TaskConfigBase,
-    fits_distinct_pairs,
-    out_of_range,
-    present_ids,
-    torch_generator,
-)
-from mecheval.tasks.batch import ANSWER_POSITIONS, ANSWERS, Batch
+from mecheval.tasks.base import SPLIT_IDS, out_of_range, torch_generator
+from mecheval.tasks.batch import ANSWER_POSITIONS, ANSWERS
+from mecheval.tasks.documents import Documents
+from mecheval.tasks.family import ARFamilyConfig, KeyValueConfig, distinct_rows
 from mecheval.tasks.vocab import BOS, N_SPECIAL
 
-if TYPE_CHECKING:
-    from mecheval.tasks.dataset import TaskDataset
+
+class MultiQueryConfig(ARFamilyConfig):
+    """What MQAR and compositional MQAR share: N pairs, then a query region of two-token (or
+    ``tokens_per_key`` + 1) slots of which Q hold the queries; train rows are whole documents,
+    dev and test rows one probe per query; no divider."""
+
+    shared_roles = ("key", "value", "next_key", "query")
+    #: tokens of a key: a pair, and a query slot, is a key and one more token
+    tokens_per_key: ClassVar[int] = 1
+
+    if TYPE_CHECKING:  # fields of every subclass
+        n_pairs: int
+        n_queries: int | None
+        seq_len: int
+        power_a: float
+
+    @field_validator("n_queries", check_fields=False)
+    @classmethod
+    def _queries_fit(cls, v: int | None, info: ValidationInfo) -> int | None:
+        pairs = info.data.get("n_pairs")
+        if v is not None and pairs is not None and v > pairs:
+            raise out_of_range(f"queries ask distinct keys: allowed 1..n_pairs={pairs}", v)
+        return v
+
+    @field_validator("seq_len", check_fields=False)
+    @classmethod
+    def _room_for_queries(cls, v: int, info: ValidationInfo) -> int:
+        """Room for the pairs and one query slot per query."""
+        pairs = info.data.get("n_pairs")
+        if pairs is None or "n_queries" not in info.data:
+            return v
+        queries = info.data["n_queries"] or pairs
+        slot = cls.tokens_per_key + 1
+        need = slot * (pairs + queries)
+        if v < need:
+            raise out_of_range(
+                f"too short for {pairs} pairs and {queries} queries: allowed >= {need} "
+                f"({slot} n_pairs + {slot} n_queries)",
+                v,
+            )
+        return v
+
+    @property
+    def queries(self) -> int:
+        return self.n_pairs if self.n_queries is None else self.n_queries
+
+    @property
+    def slot_width(self) -> int:
+        return self.tokens_per_key + 1
+
+    @property
+    def space(self) -> int:
+        """Query slots in the region after the pairs."""
+        return (self.seq_len - self.slot_width * self.n_pairs) // self.slot_width
+
+    def context_end(self) -> int:
+        return 1 + self.slot_width * self.n_pairs
+
+    def max_length(self) -> int:
+        # A query's slot starts at a multiple of the slot width below the region's end; the
+        # last slot's query (its last key token) is at most here.
+        return self.context_end() + self.slot_width * (self.space - 1) + self.tokens_per_key
+
+    def split_rows(self, split: str) -> int:
+        return rows_of(split, self.split_size(split), self.queries)
+
+    def describe(self, documents: Documents, i: int) -> str:
+        if "document" not in documents.extras:
+            return f"  ({documents.extras['answers'].shape[1]} queries, this one the last)"
+        return (
+            f"  (document {int(documents.extras['document'][i])}, query "
+            f"{int(documents.extras['query_index'][i]) + 1} of {self.queries})"
+        )
+
+    def stats(self, documents: Documents) -> dict[str, torch.Tensor]:
+        roles = documents.roles
+        start = roles["query"] - self.tokens_per_key + 1 - self.context_end()
+        out = {
+            "key-query distance": roles["query"] - roles["key"],
+            "query slot (from the region's start)": start // self.slot_width,
+        }
+        if ANSWER_POSITIONS in documents.extras:
+            queries = documents.extras[ANSWERS].shape[1]
+            out["queries per document"] = torch.full((len(documents),), queries)
+        return out
 
 
-class MQARConfig(TaskConfigBase):
+class MQARConfig(MultiQueryConfig, KeyValueConfig):
     """MQAR: N pairs, then Q power-law-placed queries among random fillers → each query's
     value (zoology's ``multiquery_ar``)."""
+
+    label = "MQAR"
+    preset_fields = {
+        # AR's quick vocabulary and model with 4 pairs, 4 queries and 8 query slots (seq_len
+        # 24), one epoch of 100,032 documents; measured in docs/tasks.md.
+        "quick": {"n_keys": 16, "n_values": 16, "n_pairs": 4, "seq_len": 24},
+        "tiny": {
+            "n_keys": 8,
+            "n_values": 8,
+            "n_pairs": 2,
+            "seq_len": 10,
+            "n_dev": 32,
+            "n_test": 32,
+        },
+    }
 
     kind: Literal["mqar"] = "mqar"
     n_keys: int = Field(4096, ge=1, description="key vocabulary (zoology: vocab_size / 2)")
@@ -88,55 +179,8 @@ class MQARConfig(TaskConfigBase):
         description="power law of query slots, p(g) ∝ (g+1)^(a-1) (power_a: 0.01; 1 = uniform)",
     )
 
-    @field_validator("n_pairs")
-    @classmethod
-    def _pairs_fit(cls, v: int, info: ValidationInfo) -> int:
-        return fits_distinct_pairs(v, info)
-
-    @field_validator("n_queries")
-    @classmethod
-    def _queries_fit(cls, v: int | None, info: ValidationInfo) -> int | None:
-        return queries_fit(v, info)
-
-    @field_validator("seq_len")
-    @classmethod
-    def _room_for_queries(cls, v: int, info: ValidationInfo) -> int:
-        return room_for_queries(v, info, tokens_per_key=1)
-
-    @property
-    def queries(self) -> int:
-        return self.n_pairs if self.n_queries is None else self.n_queries
-
-
-def queries_fit(v: int | None, info: ValidationInfo) -> int | None:
-    """A field validator's body for ``n_queries``: at most ``n_pairs`` (distinct keys)."""
-    pairs = info.data.get("n_pairs")
-    if v is not None and pairs is not None and v > pairs:
-        raise out_of_range(f"queries ask distinct keys: allowed 1..n_pairs={pairs}", v)
-    return v
-
-
-def room_for_queries(v: int, info: ValidationInfo, tokens_per_key: int) -> int:
-    """A field validator's body for ``seq_len``: room for the pairs and one query slot per
-    query, (tokens_per_key + 1) tokens each."""
-    pairs = info.data.get("n_pairs")
-    if pairs is None or "n_queries" not in info.data:
-        return v
-    queries = info.data["n_queries"] or pairs
-    slot = tokens_per_key + 1
-    need = slot * (pairs + queries)
-    if v < need:
-        raise out_of_range(
-            f"too short for {pairs} pairs and {queries} queries: allowed >= {need} "
-            f"({slot} n_pairs + {slot} n_queries)",
-            v,
-        )
-    return v
-
-
-def max_length(cfg: MQARConfig) -> int:
-    # A query's slot starts at an even offset < 2 * space, so the last query is at most here.
-    return 1 + 2 * cfg.n_pairs + 2 * ((cfg.seq_len - 2 * cfg.n_pairs) // 2 - 1) + 1
+    def generate(self, split: str, n: int, shared: None = None) -> Documents:
+        return generate_mqar(self, split, n)
 
 
 # ---------------------------------------------------------------- shared with compositional
@@ -166,7 +210,7 @@ def split_rows(
     answers: torch.Tensor,
     roles: dict[str, torch.Tensor],
     extras: dict[str, torch.Tensor] | None = None,
-) -> dict[str, Any]:
+) -> Documents:
     """The rows of ``split`` from whole documents with several queries each.
 
     tokens [n, W]; query_pos, answers and every role [n, Q] (the q-th query's). ``train``:
@@ -180,14 +224,13 @@ def split_rows(
         last = query_pos.argmax(dim=1, keepdim=True)
         pick = {name: pos.gather(1, last)[:, 0] for name, pos in roles.items()}
         lengths = query_pos.max(dim=1).values + 1
-        return {
-            "tokens": _padded(tokens, lengths),
-            "answer": answers.gather(1, last)[:, 0],
-            "roles": pick,
-            "lengths": lengths,
-            "extras": {**extras, ANSWER_POSITIONS: query_pos, ANSWERS: answers},
-            "trees": None,
-        }
+        return Documents(
+            tokens=_padded(tokens, lengths),
+            answer=answers.gather(1, last)[:, 0],
+            roles=pick,
+            lengths=lengths,
+            extras={**extras, ANSWER_POSITIONS: query_pos, ANSWERS: answers},
+        )
     order = query_pos.argsort(dim=1)  # probes of a document in the order its queries come
 
     def flat(x: torch.Tensor) -> torch.Tensor:
@@ -195,18 +238,17 @@ def split_rows(
 
     lengths = flat(query_pos) + 1
     docs = torch.arange(n).repeat_interleave(q)
-    return {
-        "tokens": _padded(tokens[docs], lengths),
-        "answer": flat(answers),
-        "roles": {name: flat(pos) for name, pos in roles.items()},
-        "lengths": lengths,
-        "extras": {
+    return Documents(
+        tokens=_padded(tokens[docs], lengths),
+        answer=flat(answers),
+        roles={name: flat(pos) for name, pos in roles.items()},
+        lengths=lengths,
+        extras={
             **{name: v.repeat_interleave(q) for name, v in extras.items()},
             "document": docs,
             "query_index": torch.arange(q).repeat(n),
         },
-        "trees": None,
-    }
+    )
 
 
 def _padded(tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -230,8 +272,8 @@ def rows_of(split: str, documents: int, queries: int) -> int:
 # --------------------------------------------------------------------------------- generator
 
 
-def generate_mqar(cfg: MQARConfig, split: str, n: int, shared: None = None) -> dict:
-    """``n`` documents of ``split`` as the rows of a TaskDataset (see :func:`split_rows`)."""
+def generate_mqar(cfg: MQARConfig, split: str, n: int) -> Documents:
+    """``n`` documents of ``split`` as dataset rows (see :func:`split_rows`)."""
     gen = torch_generator(cfg.seed, SPLIT_IDS[split], 0x3A4)
     p, q = cfg.n_pairs, cfg.queries
     keys = distinct_rows(gen, n, p, cfg.n_keys)
@@ -247,10 +289,10 @@ def generate_mqar(cfg: MQARConfig, split: str, n: int, shared: None = None) -> d
     width = 1 + cfg.seq_len
     tokens = fillers(gen, (n, width), cfg.n_keys + cfg.n_values)
     tokens[:, 0] = BOS
-    pairs = torch.stack([key_id(cfg, keys), value_id(cfg, values)], dim=2)
+    pairs = torch.stack([cfg.key_id(keys), cfg.value_id(values)], dim=2)
     tokens[:, 1:context_end] = pairs.reshape(n, 2 * p)
     query_pos = context_end + 2 * slots
-    tokens.scatter_(1, query_pos, key_id(cfg, keys.gather(1, asked)))
+    tokens.scatter_(1, query_pos, cfg.key_id(keys.gather(1, asked)))
     key_pos = 1 + 2 * asked
     roles = {
         "key": key_pos,
@@ -258,84 +300,5 @@ def generate_mqar(cfg: MQARConfig, split: str, n: int, shared: None = None) -> d
         "next_key": key_pos + 2,
         "query": query_pos,
     }
-    answers = value_id(cfg, values.gather(1, asked))
+    answers = cfg.value_id(values.gather(1, asked))
     return split_rows(split, tokens, query_pos, answers, roles)
-
-
-def describe(ds: TaskDataset, i: int) -> str:
-    if "document" not in ds.extras:
-        return f"  ({ds.extras['answers'].shape[1]} queries, this one the last)"
-    return (
-        f"  (document {int(ds.extras['document'][i])}, query "
-        f"{int(ds.extras['query_index'][i]) + 1} of {ds.cfg.queries})"
-    )
-
-
-def stats(ds: TaskDataset) -> dict[str, torch.Tensor]:
-    roles = ds.roles
-    out = {
-        "key-query distance": roles["query"] - roles["key"],
-        "query slot (from the region's start)": (roles["query"] - 1 - 2 * ds.cfg.n_pairs) // 2,
-    }
-    if ANSWER_POSITIONS in ds.extras:
-        out["queries per document"] = torch.full((len(ds),), ds.extras[ANSWERS].shape[1])
-    return out
-
-
-# --------------------------------------------------------------------------------- presets
-# quick: AR's quick vocabulary and model (16 keys, 16 values, d 64, 2 layers, init_std 0.1)
-# with 4 pairs, 4 queries and 8 query slots (seq_len 24), one epoch of 100,032 documents;
-# measured in docs/tasks.md.
-PRESETS = {
-    "paper": {
-        "task": {"kind": "mqar"},
-        "model": {"d_model": 64, "n_layers": 2},
-        "training": {"lr": 1e-3, "batch_size": 32, "epochs": 16},
-    },
-    "quick": {
-        "task": {"kind": "mqar", "n_keys": 16, "n_values": 16, "n_pairs": 4, "seq_len": 24},
-        "model": {"d_model": 64, "n_layers": 2, "init_std": 0.1},
-        "training": {"lr": 1e-3, "batch_size": 32, "epochs": 1, "eval_every": 250},
-    },
-    "tiny": {
-        "task": {
-            "kind": "mqar",
-            "n_keys": 8,
-            "n_values": 8,
-            "n_pairs": 2,
-            "seq_len": 10,
-            "n_train": 640,
-            "n_dev": 32,
-            "n_test": 32,
-        },
-        "model": {"d_model": 16, "n_layers": 2, "init_std": 0.1},
-        "training": {"steps": 40, "batch_size": 16, "eval_every": 20, "lr": 3e-3},
-    },
-}
-
-
-def answer_candidates(cfg: MQARConfig, batch: Batch, vocab_size: int) -> torch.Tensor:
-    """The values of each document's pairs (before the query region), as for AR."""
-    lo, hi = value_id(cfg, 0), value_id(cfg, cfg.n_values)
-    return present_ids(batch, lo, hi, vocab_size, end=1 + 2 * cfg.n_pairs)
-
-
-TASK = Task(
-    kind="mqar",
-    label="MQAR",
-    config=MQARConfig,
-    generate=generate_mqar,
-    token_names=token_names,
-    max_length=max_length,
-    key_class=key_class,
-    corrupt_to_absent=True,
-    default_epochs=16,  # as AR (§4.1)
-    paper_lrs=(3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2),  # AR's grid
-    presets=PRESETS,
-    quick_lrs={"mamba": 3e-3, "hyena": 3e-3},  # AR's, not re-measured on this task
-    describe=describe,
-    stats=stats,
-    answer_candidates=answer_candidates,
-    shared_roles=("key", "value", "next_key", "query"),
-    split_rows=lambda cfg, split: rows_of(split, cfg.split_size(split), cfg.queries),
-)

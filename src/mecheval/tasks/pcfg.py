@@ -41,14 +41,11 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from mecheval.tasks.base import numpy_rng
-
-if TYPE_CHECKING:
-    from mecheval.tasks.atr import ATRConfig
 
 #: The head slot in :meth:`Grammar.rhs`: filled by a head terminal drawn at each expansion.
 HEAD_SLOT = -1
@@ -92,7 +89,20 @@ class Grammar:
         return f"{lhs} -> " + " ".join(name(s) for s in self.rhs(rule))
 
 
-def build_grammar(cfg: ATRConfig) -> Grammar:
+class GrammarParameters(Protocol):
+    """What a grammar is drawn from: the fields of tasks/atr.py's ``ATRConfig`` it reads."""
+
+    grammar_seed: int
+    head: str
+    max_depth: int
+    max_rhs: int
+    max_rules: int
+    n_nonterminals: int
+    n_terminals: int
+    terminal_weight: float
+
+
+def build_grammar(cfg: GrammarParameters) -> Grammar:
     rng = numpy_rng(cfg.grammar_seed, 0x9CF6)
     n_t, n_n = cfg.n_terminals, cfg.n_nonterminals
     depth = rng.integers(1, cfg.max_depth + 1, size=n_n)

@@ -3,8 +3,8 @@
 
 Each score maps the model's distribution at the query (:class:`QueryDistribution`: float64
 log-probabilities of the entries it reads, the argmax), the answers [N] and the answer
-candidates present in each document ([N, V] bool, from the task's ``answer_candidates``
-hook; None where a batch has none) to one float64 value per document.
+candidates present in each document ([N, V] bool, from the task config's
+``answer_candidates``; None where a batch has none) to one float64 value per document.
 A new metric is one entry in :data:`SCORES`: training writes every score to ``metrics.csv``;
 the engine reports those in ``interventions.RESTORE_METRICS``.
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 from mecheval.tasks.dataset import TaskDataset
-from mecheval.tasks.registry import task_of
 
 
 def summarise(values: torch.Tensor) -> dict[str, float]:
@@ -34,7 +33,5 @@ def dataset_stats(ds: TaskDataset) -> dict[str, dict[str, float]]:
         "key-query distance": roles["query"] - roles["key"],
         "value-query distance": roles["query"] - roles["value"],
     }
-    extra = task_of(ds.cfg).stats
-    if extra is not None:
-        values.update(extra(ds))
+    values.update(ds.cfg.stats(ds))
     return {name: summarise(v) for name, v in values.items()}

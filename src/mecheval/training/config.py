@@ -22,7 +22,7 @@ from mecheval.errors import ConfigError, validate
 from mecheval.models import ModelConfig, build_model
 from mecheval.models.backbone import uses_position_embedding
 from mecheval.models.mixers.base import Mixer
-from mecheval.tasks import TASKS, TaskConfig, get_task, max_length, vocab_size
+from mecheval.tasks import TASKS, TaskConfig, get_task
 from mecheval.training.precision import Precision
 
 #: A run folder's name: one path component inside ``--out`` (and not "." or "..").
@@ -139,7 +139,7 @@ class RunConfig(BaseModel):
         if kind not in TASKS:
             raise PydanticCustomError("unknown_task", f"kind must be one of: {', '.join(TASKS)}")
         # Its ValidationError keeps the field's location (task.n_pairs), for errors.describe.
-        return get_task(kind).config.model_validate(data)
+        return get_task(kind).model_validate(data)
 
 
 # --------------------------------------------------------------------------- derived values
@@ -155,7 +155,7 @@ def total_steps(cfg: RunConfig) -> int:
     t = cfg.training
     if t.steps is not None:
         return t.steps
-    epochs = t.epochs if t.epochs is not None else get_task(cfg.task.kind).default_epochs
+    epochs = t.epochs if t.epochs is not None else cfg.task.default_epochs
     return epochs * steps_per_epoch(cfg)
 
 
@@ -230,15 +230,10 @@ def resolve(cfg: RunConfig) -> RunConfig:
             f"training.batch_size: {cfg.training.batch_size} exceeds task.n_train="
             f"{cfg.task.n_train}"
         )
-    vocab, length = vocab_size(cfg.task), max_length(cfg.task)
+    vocab, length = cfg.task.vocab_size(), cfg.task.max_length()
     queries = cfg.training.train_queries
     if queries > 1:
-        check = get_task(cfg.task.kind).check_train_queries
-        if check is None:
-            raise ConfigError(
-                f"training.train_queries: task {cfg.task.kind!r} takes no extra queries"
-            )
-        length += check(cfg.task, queries)
+        length += cfg.task.check_train_queries(queries)
     model = cfg.model
     if model.vocab_size is not None and model.vocab_size < vocab:
         raise ConfigError(
@@ -266,7 +261,7 @@ def resolve(cfg: RunConfig) -> RunConfig:
     # With an explicit step count, epochs would be a misleading number in the dumped config.
     epochs = t.epochs
     if epochs is None and t.steps is None:
-        epochs = get_task(cfg.task.kind).default_epochs
+        epochs = cfg.task.default_epochs
     eval_every = (
         t.eval_every if t.eval_every is not None else max(1, math.ceil(total / DEFAULT_EVALS))
     )

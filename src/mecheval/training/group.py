@@ -73,7 +73,7 @@ from typing import Any
 import torch
 from torch.func import grad_and_value, stack_module_state, vmap
 
-from mecheval.tasks import Batch, get_task
+from mecheval.tasks import Batch
 from mecheval.tasks.batch import ANSWER_POSITIONS, ANSWERS
 from mecheval.training.checkpoint import has_checkpoint, save_checkpoint
 from mecheval.training.config import RunConfig, check_device, config_to_data, resolve
@@ -239,7 +239,7 @@ class GroupTrainer:
                 )
             # The same extra queries as Trainer.loss: drawn from (member seed, step).
             extended = [
-                get_task(self.cfgs[0].task.kind).extend_queries(
+                self.cfgs[0].task.extend_queries(
                     b,
                     self.t.train_queries,
                     self.members[k].query_generator(step),

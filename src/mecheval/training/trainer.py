@@ -22,7 +22,7 @@ from torch import nn
 
 from mecheval.models import LanguageModel, build_model
 from mecheval.models.kernels import fused_kernels, require_fused
-from mecheval.tasks import Batch, get_task
+from mecheval.tasks import Batch
 from mecheval.tasks.base import torch_generator
 from mecheval.training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from mecheval.training.config import RunConfig, total_steps, warmup_steps
@@ -224,7 +224,7 @@ class Trainer:
             if self.t.train_queries == 1:
                 return answer_loss(model, batch)
             generator = self.query_generator(self.step)
-            extend = get_task(self.cfg.task.kind).extend_queries
+            extend = self.cfg.task.extend_queries
             tokens, positions, answers = extend(batch, self.t.train_queries, generator)
             return multi_answer_loss(model, tokens, positions, answers)
 

@@ -30,13 +30,13 @@ documents never do. Other tree edges in a document are not restricted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import torch
 from pydantic import Field, ValidationInfo, field_validator
 
+from mecheval.tasks.atr_trees import ATRTrees, tree_shape
 from mecheval.tasks.base import SPLIT_IDS, TaskConfigBase, check_split, numpy_rng, present_ids
 from mecheval.tasks.batch import Batch
 from mecheval.tasks.documents import Documents
@@ -49,55 +49,6 @@ QUERY_TYPES: tuple[str, ...] = ("parent", "sibling", "grandparent")
 #: ATR documents whose yield has fewer terminals than this are rejected, as in the paper's
 #: code (tinylang ``PCFG.sample``: ``len(sentence) < 3``).
 MIN_YIELD = 3
-
-
-@dataclass
-class ATRTrees:
-    """Derivation trees of a dataset's documents, flat with offsets (cacheable as tensors)."""
-
-    start: torch.Tensor  # [N] start nonterminal
-    parents: torch.Tensor  # [sum n] parent yield position of each yield symbol, -1 at the root
-    yield_offsets: torch.Tensor  # [N + 1]
-    rules: torch.Tensor  # [sum m] rules in leftmost-derivation order
-    heads: torch.Tensor  # [sum m] head terminal each of those expansions drew
-    rule_offsets: torch.Tensor  # [N + 1], for ``rules`` and ``heads`` alike
-
-    def parent_list(self, i: int) -> list[int]:
-        a, b = int(self.yield_offsets[i]), int(self.yield_offsets[i + 1])
-        return self.parents[a:b].tolist()
-
-    def rule_list(self, i: int) -> list[int]:
-        a, b = int(self.rule_offsets[i]), int(self.rule_offsets[i + 1])
-        return self.rules[a:b].tolist()
-
-    def head_list(self, i: int) -> list[int]:
-        a, b = int(self.rule_offsets[i]), int(self.rule_offsets[i + 1])
-        return self.heads[a:b].tolist()
-
-    def check(self, n: int) -> None:
-        """Consistency with ``n`` documents; raises ValueError (a cache file is then rebuilt)."""
-        if self.yield_offsets.shape != (n + 1,) or self.rule_offsets.shape != (n + 1,):
-            raise ValueError("trees")
-        if int(self.yield_offsets[-1]) != self.parents.numel():
-            raise ValueError("trees")
-        if int(self.rule_offsets[-1]) != self.rules.numel():
-            raise ValueError("trees")
-        if self.heads.shape != self.rules.shape:
-            raise ValueError("trees")
-
-    @classmethod
-    def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> ATRTrees:
-        return cls(**{k: tensors[k] for k in cls.__dataclass_fields__})
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {
-            "start": self.start,
-            "parents": self.parents,
-            "yield_offsets": self.yield_offsets,
-            "rules": self.rules,
-            "heads": self.heads,
-            "rule_offsets": self.rule_offsets,
-        }
 
 
 class ATRConfig(TaskConfigBase):
@@ -366,42 +317,13 @@ def generate_atr(cfg: ATRConfig, split: str, n: int, grammar: Grammar | None = N
 # ------------------------------------------------------------------------ show, stats, length
 
 
-def _tree_shape(ds: Documents) -> tuple[list[int], list[float], list[float]]:
-    """Per document: tree depth (edges on the longest root-leaf path), mean branching factor
-    (children per terminal that has any) and share of yield positions whose terminal repeats."""
-    assert ds.trees is not None
-    depths, branching, repeated = [], [], []
-    for i in range(len(ds)):
-        par = ds.trees.parent_list(i)
-        n = len(par)
-        deepest = 0
-        for j in range(n):
-            # Walk up to the root; trees are shallow (at most d_max rule levels).
-            d = 0
-            while par[j] >= 0:
-                j, d = par[j], d + 1
-            deepest = max(deepest, d)
-        depths.append(deepest)
-        kids: dict[int, int] = {}
-        for p in par:
-            if p >= 0:
-                kids[p] = kids.get(p, 0) + 1
-        branching.append(sum(kids.values()) / len(kids) if kids else 0.0)
-        ys = ds.tokens[i, 1 : 1 + n].tolist()
-        counts: dict[int, int] = {}
-        for t in ys:
-            counts[t] = counts.get(t, 0) + 1
-        repeated.append(sum(1 for t in ys if counts[t] > 1) / n)
-    return depths, branching, repeated
-
-
 def tree_stats(cfg: ATRConfig, ds: Documents) -> dict[str, torch.Tensor]:
     """``task stats``: tree depth, branching, repeated terminals, how often the answer is the
     query terminal itself or the last yield symbol (the root's head, in a right-headed
     grammar), and, for parent queries, how much the query alone gives away
     (tasks/no_context.py): the exact grammar-optimal accuracy over all parent-child edges,
     and whether that guess is right on each document's own query."""
-    depths, branching, repeated = _tree_shape(ds)
+    depths, branching, repeated = tree_shape(ds)
     rows = torch.arange(len(ds))
     query = ds.tokens[rows, ds.roles["query"]]
     last = ds.tokens[rows, ds.roles["divider"] - 1]

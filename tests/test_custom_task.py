@@ -24,6 +24,7 @@ from mecheval.tasks import (
     build_datasets,
     corrupt,
     register_task,
+    task_label,
 )
 from mecheval.tasks.base import SPLIT_IDS, torch_generator
 from mecheval.tasks.vocab import BOS, DIV, N_SPECIAL
@@ -121,12 +122,14 @@ def test_it_trains_and_gets_a_mechanism_label(reversed_task, tmp_path) -> None:
 def test_unknown_and_unregistered_kinds_are_one_line_errors(reversed_task) -> None:
     with pytest.raises(ConfigError, match="task"):
         config_from_data({"task": {"kind": "nope"}})
+    assert task_label("reversed") == "Reversed AR"  # how reports name it
     paper = preset("paper", "reversed")  # the paper recipe at the task's defaults
     assert paper["task"] == {"kind": "reversed"} and paper["training"]["epochs"] == 4
     del TASKS["reversed"]
     try:
         with pytest.raises(ConfigError, match="reversed"):
             preset("tiny", "reversed")
+        assert task_label("reversed") == "REVERSED"  # a results folder of an unloaded plugin
     finally:
         register_task(ReversedConfig)
     with pytest.raises(ConfigError, match="registered twice"):

@@ -21,7 +21,7 @@ from matplotlib.patches import Patch, Rectangle
 
 from mecheval.models.registry import architecture_label, architecture_rank
 from mecheval.report.render import FigureResult, md_table
-from mecheval.tasks import TASKS
+from mecheval.tasks import TASKS, task_label
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def _task_order(kind: Any) -> int:
 
 
 def _task_label(kind: Any) -> str:
-    return TASKS[kind].label if kind in TASKS else str(kind)
+    return task_label(str(kind))
 
 
 def _conv_order(value: Any) -> tuple[int, float]:

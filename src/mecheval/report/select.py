@@ -31,7 +31,7 @@ from mecheval.report.tables import (
     run_info,
     setting_columns,
 )
-from mecheval.tasks import TASKS
+from mecheval.tasks import task_label
 
 KIND = "task.kind"
 QUERY = "task.query"
@@ -154,7 +154,7 @@ def task_labels(df: pd.DataFrame) -> dict[str, str]:
     info = run_info(df)
     if KIND not in info.columns:
         return dict.fromkeys(info["run"], "")
-    kinds = info[KIND].astype(str).map(lambda k: TASKS[k].label if k in TASKS else k.upper())
+    kinds = info[KIND].astype(str).map(task_label)
     columns = [c for c in setting_columns(df) if c.startswith("task.") and c != KIND]
     out: dict[str, str] = {}
     for kind in kinds.unique():

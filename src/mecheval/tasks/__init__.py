@@ -16,7 +16,14 @@ from mecheval.tasks.corrupt import corrupt
 from mecheval.tasks.dataset import TaskDataset, build_datasets, cache_path, config_hash
 from mecheval.tasks.documents import Documents
 from mecheval.tasks.pcfg import Grammar, build_grammar
-from mecheval.tasks.registry import TASKS, get_task, kind_of, parse_task, register_task
+from mecheval.tasks.registry import (
+    TASKS,
+    get_task,
+    kind_of,
+    parse_task,
+    register_task,
+    task_label,
+)
 from mecheval.tasks.vocab import BOS, DIV, PAD
 
 #: The type of a run's ``task`` field: any registered task's config.
@@ -48,4 +55,5 @@ __all__ = [
     "kind_of",
     "parse_task",
     "register_task",
+    "task_label",
 ]

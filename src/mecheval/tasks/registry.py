@@ -60,6 +60,13 @@ def get_task(kind: str) -> type[TaskConfigBase]:
         ) from None
 
 
+def task_label(kind: str) -> str:
+    """How reports name a task kind: its ``label``; a kind no task registers (a results folder
+    from a plugin not loaded now), upper-cased."""
+    task = TASKS.get(kind)
+    return (task.label or kind) if task is not None else kind.upper()
+
+
 def parse_task(data: Any, prefix: str = "task") -> TaskConfigBase:
     """Validate task config data (a mapping with ``kind``) into its task's config class."""
     if isinstance(data, TaskConfigBase):

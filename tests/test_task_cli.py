@@ -86,7 +86,7 @@ def test_show_atr_mixed_test_split():
     # relative that the document's query type asks for.
     cfg = task_config("atr", ["query=mixed"], n_train=0, n_dev=0, n_test=12)
     ds = build_datasets(cfg)["test"]
-    names = ds.token_names
+    names = ds.id_names
     seen = set()
     for i, (tokens, roles, answer, qtype) in enumerate(docs):
         line = " ".join(tokens)

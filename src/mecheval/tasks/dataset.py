@@ -40,7 +40,8 @@ class TaskDataset(Documents):
     split: str = field(kw_only=True)
 
     @property
-    def token_names(self) -> list[str]:
+    def id_names(self) -> list[str]:
+        """Printable name of every id (the config's ``id_names()``)."""
         return self.cfg.id_names()
 
     def batch(self, indices: torch.Tensor) -> Batch:

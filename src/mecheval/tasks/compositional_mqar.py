@@ -160,10 +160,9 @@ def generate_compositional_mqar(cfg: CompositionalMQARConfig, split: str, n: int
     asked = torch.rand(n, p, generator=gen).argsort(dim=1)[:, :q] if q < p else None
     if asked is None:
         asked = torch.arange(p).expand(n, p)
-    space = (cfg.seq_len - 3 * p) // 3
-    slots = draw_slots(gen, n, space, q, cfg.power_a)
+    slots = draw_slots(gen, n, cfg.space, q, cfg.power_a)
 
-    context_end = 1 + 3 * p
+    context_end = cfg.context_end()
     tokens = fillers(gen, (n, 1 + cfg.seq_len), cfg.n_first + cfg.n_last + cfg.n_values)
     tokens[:, 0] = BOS
     tokens[:, 1:context_end] = torch.stack([first_tok, last_tok, values], dim=2).reshape(n, 3 * p)

@@ -282,10 +282,9 @@ def generate_mqar(cfg: MQARConfig, split: str, n: int) -> Documents:
     asked = torch.rand(n, p, generator=gen).argsort(dim=1)[:, :q] if q < p else None
     if asked is None:
         asked = torch.arange(p).expand(n, p)
-    space = (cfg.seq_len - 2 * p) // 2
-    slots = draw_slots(gen, n, space, q, cfg.power_a)
+    slots = draw_slots(gen, n, cfg.space, q, cfg.power_a)
 
-    context_end = 1 + 2 * p
+    context_end = cfg.context_end()
     width = 1 + cfg.seq_len
     tokens = fillers(gen, (n, width), cfg.n_keys + cfg.n_values)
     tokens[:, 0] = BOS

@@ -11,8 +11,6 @@ CI has no GPU, so the crash classes a GPU showed are guarded here by their CPU f
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import pytest
 import torch
@@ -143,13 +141,13 @@ def test_a_sweep_runs_a_runs_interventions_on_the_device_it_trained_on(
     assert runners.execute_group([job])[0].state == "done"
     loaded = []
 
-    def load_run(run_dir, device="cpu"):
+    def load_run(run_dir, device="cpu", cfg=None):
         loaded.append(str(device))
         raise RuntimeError("stopped before the load")
 
     monkeypatch.setattr(mechanisms, "load_run", load_run)
     (tmp_path / "d" / job.name / "interventions.csv").unlink()
     job.config["training"]["device"] = "cuda"
-    outcome = runners._finish(job, Path(job.run_dir), None, "")
+    outcome = runners._finish(job, job.run(), None, "")
     assert loaded == ["cuda"]
     assert outcome.reason == "interventions: RuntimeError: stopped before the load"

@@ -390,3 +390,33 @@ def test_a_grouped_sweep_equals_one_run_at_a_time(tmp_path, monkeypatch) -> None
         assert a["value"].to_numpy() == pytest.approx(b["value"].to_numpy(), rel=1e-4, abs=1e-5)
     # A rerun skips the stack's finished runs.
     assert all(o.skipped for o in run_sweep(spec, tmp_path / "g", group_size=3)[:2])
+
+
+def test_a_sweep_resolves_each_run_once_and_trains_a_lone_run_alone(
+    tmp_path, monkeypatch
+) -> None:
+    """One resolution per run, where it is planned (each builds the model on the meta
+    device); the worker, the run folder, the trainer and the interventions read the
+    resolved record. A run with nothing to stack goes to the single-run trainer."""
+    from mecheval.training import config as config_module
+    from mecheval.training import group
+
+    resolved = []
+    check_buildable = config_module.check_buildable
+
+    def counting(model, length):
+        resolved.append(model.architecture)
+        return check_buildable(model, length)
+
+    def no_stacking(*args, **kwargs):
+        raise AssertionError("a lone run went through the stacking code")
+
+    monkeypatch.setattr(config_module, "check_buildable", counting)
+    monkeypatch.setattr(group, "train_runs", no_stacking)
+    spec = tiny_spec()
+    plan = InterventionPlan(sites=("layers.0.input",), roles=("value",), n_docs=8)
+    outcomes = run_sweep(spec, tmp_path, group_size=1, plan=plan)
+    assert [(o.name, o.state) for o in outcomes] == [(r.name, "done") for r in expand(spec)]
+    for o in outcomes:  # intervened, from the record
+        assert (tmp_path / spec.name / o.name / "interventions.csv").is_file()
+    assert len(resolved) == len(outcomes) == 2

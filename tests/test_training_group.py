@@ -101,11 +101,11 @@ class StackSpy:
 @pytest.fixture
 def spy(monkeypatch) -> StackSpy:
     """Spies on the stacked path (GroupTrainer.train_step and the vmapped gradient function
-    group.py builds with ``torch.func.vmap``) and on the per-model ones (``train()`` as
+    group.py builds with ``torch.func.vmap``) and on the per-model ones (``train_run()`` as
     group.py calls it, ``Trainer.train_step``)."""
     spy = StackSpy()
     vmap, stacked_step = group_module.vmap, GroupTrainer.train_step
-    single_step, single_train = Trainer.train_step, group_module.train
+    single_step, single_train = Trainer.train_step, group_module.train_run
 
     def spying_vmap(fn, *args, **kwargs):
         batched = vmap(fn, *args, **kwargs)
@@ -131,15 +131,15 @@ def spy(monkeypatch) -> StackSpy:
         spy.single_steps += spy.active
         return single_step(self, *args, **kwargs)
 
-    def spying_train(cfg, run_dir, *args, **kwargs):
+    def spying_train(run, *args, **kwargs):
         if spy.active:
-            spy.fallback.append(Path(run_dir))
-        return single_train(cfg, run_dir, *args, **kwargs)
+            spy.fallback.append(run.run_dir)
+        return single_train(run, *args, **kwargs)
 
     monkeypatch.setattr(group_module, "vmap", spying_vmap)
     monkeypatch.setattr(GroupTrainer, "train_step", spying_stacked_step)
     monkeypatch.setattr(Trainer, "train_step", spying_single_step)
-    monkeypatch.setattr(group_module, "train", spying_train)
+    monkeypatch.setattr(group_module, "train_run", spying_train)
     return spy
 
 

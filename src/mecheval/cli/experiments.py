@@ -78,10 +78,10 @@ def _run(spec, out, workers, backend, address, retry_failed, plan, quiet, group_
     check_out(out)
     check_options(workers, backend)  # before the progress display's first line
     spec = spec.model_copy(update={"set": {**spec.set, **runtime}})
-    n_runs = len(plan_runs(spec))
+    planned = plan_runs(spec)
     start = time.perf_counter()
     try:
-        with sweep_display(n_runs, quiet) as display:
+        with sweep_display(len(planned), quiet) as display:
             outcomes = run_sweep(
                 spec,
                 out,
@@ -93,6 +93,7 @@ def _run(spec, out, workers, backend, address, retry_failed, plan, quiet, group_
                 cache_dir=out / ".cache",
                 on_progress=display.update,
                 group_size=group_size,
+                planned=planned,
             )
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (Terminated): every worker stopped
         stopped = interrupted_runs(out / spec.name)

@@ -35,6 +35,7 @@ from mecheval.schema import MEASUREMENT_COLUMNS
 from mecheval.tasks import Batch, build_datasets, corrupt
 from mecheval.tasks.scores import chance_level, n_candidates
 from mecheval.training import load_run, read_status
+from mecheval.training.resolved import ResolvedRun
 
 INTERVENTIONS_FILE = "interventions.csv"
 EMERGENCE_FILE = "emergence.csv"
@@ -163,11 +164,13 @@ def intervene_run(
     loaded: tuple[Any, LanguageModel] | None = None,
     cache_dir: Path | None = None,
     device: str = "cpu",
+    run: ResolvedRun | None = None,
 ) -> RunMechanism | None:
     """Run the plan's interventions on a finished run and write them into its folder
     (None: ``skip_existing`` and they were there). ``loaded`` is the run's (config, model)
     when the caller has loaded it already; ``cache_dir`` the dataset cache it trained with;
-    ``device`` where the model is loaded to run them (a sweep: the device it trained on).
+    ``device`` where the model is loaded to run them. ``run``: the record the run trained
+    from (a sweep's), which gives its config, dataset cache and device (where it trained).
 
     A plan whose sites carry no label (a recurrent state's alone) writes its restores and
     leaves ``mechanism.json`` as it was: the label, read from other sites of the same
@@ -177,7 +180,11 @@ def intervene_run(
     target = run_dir / INTERVENTIONS_FILE
     if skip_existing and target.exists() and _measured_on(run_dir) == plan.documents:
         return None
-    cfg, model = load_run(run_dir, device) if loaded is None else loaded
+    if run is not None:
+        cache_dir, device = run.cache_dir, run.device
+    if loaded is None:
+        loaded = load_run(run_dir, device, cfg=run.cfg if run is not None else None)
+    cfg, model = loaded
     step = int((read_status(run_dir) or {}).get("step", 0))
     pair = eval_batch(cfg.task, plan.split, plan.n_docs, cache_dir, plan.documents)
     rows, result = measure(model, plan, step, pair)

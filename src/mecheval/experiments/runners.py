@@ -34,6 +34,7 @@ from mecheval.training.config import RunConfig, check_device, config_from_data, 
 from mecheval.training.folder import STATUS_FILE, is_finished, peek_status
 from mecheval.training.presets import preset
 from mecheval.training.reporter import print_warning
+from mecheval.training.resolved import ResolvedRun
 from mecheval.training.run import Terminated, raise_interrupt, stop_on_sigterm
 
 BACKENDS = ("local", "ray")
@@ -44,14 +45,25 @@ GPU_GROUP_SIZE = 32
 
 @dataclass(frozen=True)
 class Job:
+    """A planned run as its worker receives it: the :class:`ResolvedRun` as data (a
+    plugin's architecture is registered in the worker before its config is read) and the
+    worker's settings."""
+
     name: str
     run_dir: str
-    config: dict[str, Any]
+    config: dict[str, Any]  # resolved (ResolvedRun.data)
     threads: int
     plan: InterventionPlan | None = None
     cache_dir: str | None = None
     #: plugin files that register custom architectures, loaded by the worker first
     plugins: tuple[str, ...] = ()
+
+    def run(self) -> ResolvedRun:
+        return ResolvedRun.from_data(self.config, self.run_dir, self.cache_dir)
+
+    @property
+    def device(self) -> str:
+        return str(self.config["training"]["device"])
 
 
 @dataclass
@@ -113,13 +125,14 @@ def base_data(
 
 
 def plan_runs(spec: SweepSpec) -> list[tuple[RunSpec, RunConfig]]:
+    """Every run of ``spec`` with its config resolved, the one resolution a run gets: every
+    run's config error now, before any run folder is prepared."""
     planned = []
     for run in expand(spec):
         architecture = run.overrides.get("model.architecture")
         try:
             data = base_data(spec, architecture, run.task)
-            cfg = config_from_data(data, [*run.override_args(), f"name={run.name}"])
-            resolve(cfg)  # every run's config error now, before any run folder is prepared
+            cfg = resolve(config_from_data(data, [*run.override_args(), f"name={run.name}"]))
         except ConfigError as err:
             raise ConfigError(f"sweep run {run.name}: {err}") from None
         planned.append((run, cfg))
@@ -152,7 +165,8 @@ def execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
 
 
 def _execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
-    from mecheval.training.group import train_group
+    from mecheval.training.group import train_runs
+    from mecheval.training.run import train_run
     from mecheval.training.threads import set_torch_threads
 
     first = jobs[0]
@@ -161,19 +175,17 @@ def _execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
         from mecheval.models.registry import use_plugins
 
         use_plugins(first.plugins)
-    cfgs = [RunConfig.model_validate(job.config) for job in jobs]
-    run_dirs = [Path(job.run_dir) for job in jobs]
-    already = [peek_status(run_dir) for run_dir in run_dirs]
-    cache_dir = Path(first.cache_dir) if first.cache_dir else None
+    runs = [job.run() for job in jobs]
+    already = [peek_status(run.run_dir) for run in runs]
     callbacks = []
     if first.plan is not None and first.plan.during_training:
         from mecheval.experiments.mechanisms import EmergenceCallback
 
         callbacks.append(
             EmergenceCallback(
-                cfgs[0].task,
-                cfgs[0].model.n_layers,
-                cache_dir=cache_dir,
+                runs[0].cfg.task,
+                runs[0].cfg.model.n_layers,
+                cache_dir=runs[0].cache_dir,
                 documents=first.plan.documents,
             )
         )
@@ -182,17 +194,21 @@ def _execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
         label = str(members[0].name) + (f" +{len(members) - 1}" if len(members) > 1 else "")
         return QueueReporter(label, progress, runs=len(members))
 
+    reporter = reporter_for if progress is not None else None
+
     def train_some(indices: Sequence[int]) -> str:
         """Train these runs of the group; the crash that stopped them ("" if none)."""
         try:
-            train_group(
-                [cfgs[i] for i in indices],
-                [run_dirs[i] for i in indices],
-                callbacks=callbacks,
-                cache_dir=cache_dir,
-                max_group=len(indices),
-                reporter_for=reporter_for if progress is not None else None,
-            )
+            if len(indices) == 1:  # nothing to stack: the single-run trainer
+                run = runs[indices[0]]
+                train_run(run, callbacks, reporter=reporter([run.cfg]) if reporter else None)
+            else:
+                train_runs(
+                    [runs[i] for i in indices],
+                    callbacks=callbacks,
+                    max_group=len(indices),
+                    reporter_for=reporter,
+                )
         except Exception as err:  # a crash of one group must not end the sweep
             return crash_text(err)
         return ""
@@ -204,18 +220,18 @@ def _execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
         # that cannot be stacked; runs resumed from checkpoints first): the runs it kept
         # from starting, whose folders it left untouched, are independent of it and train
         # alone, each failing only on its own account.
-        for i, (run_dir, before) in enumerate(zip(run_dirs, already, strict=True)):
-            if not is_finished(before) and peek_status(run_dir) == before:
+        for i, (run, before) in enumerate(zip(runs, already, strict=True)):
+            if not is_finished(before) and peek_status(run.run_dir) == before:
                 crashes[i] = train_some([i])
     return [
-        _finish(job, run_dir, before, crash)
-        for job, run_dir, before, crash in zip(jobs, run_dirs, already, crashes, strict=True)
+        _finish(job, run, before, crash)
+        for job, run, before, crash in zip(jobs, runs, already, crashes, strict=True)
     ]
 
 
-def _finish(job: Job, run_dir: Path, before: Mapping[str, Any] | None, crash: str) -> Outcome:
+def _finish(job: Job, run: ResolvedRun, before: Mapping[str, Any] | None, crash: str) -> Outcome:
     """A trained run's outcome, after its interventions when it is done."""
-    status = peek_status(run_dir) or {}
+    status = peek_status(run.run_dir) or {}
     if crash and not is_finished(status):
         # The run's own reason where this attempt recorded one (the crash may be another's).
         own = status.get("state") == "failed" and status != (before or {})
@@ -226,12 +242,10 @@ def _finish(job: Job, run_dir: Path, before: Mapping[str, Any] | None, crash: st
         from mecheval.experiments.mechanisms import intervene_run, written_label
 
         try:
-            cache = Path(job.cache_dir) if job.cache_dir else None
-            device = str(job.config["training"].get("device", "cpu"))  # where it trained
-            intervene_run(run_dir, job.plan, skip_existing=True, cache_dir=cache, device=device)
+            intervene_run(run.run_dir, job.plan, skip_existing=True, run=run)
         except Exception as err:
             return Outcome(job.name, "failed", f"interventions: {type(err).__name__}: {err}")
-        label = written_label(run_dir) or ""
+        label = written_label(run.run_dir) or ""
     return Outcome(
         job.name,
         str(status.get("state")),
@@ -299,23 +313,25 @@ def make_jobs(
     retry_failed: bool,
     cache_dir: Path | None,
     check_devices: bool = True,
+    planned: Sequence[tuple[RunSpec, RunConfig]] | None = None,
 ) -> list[Job]:
-    """One job per planned run; with ``check_devices``, every run's device must be on this
-    machine (checked before any run folder is touched)."""
+    """One job per planned run (``planned``: :func:`plan_runs` of ``spec``, when the caller
+    has it already); with ``check_devices``, every run's device must be on this machine
+    (checked before any run folder is touched)."""
     sweep_dir = out_dir / spec.name
     threads = max(1, (os.cpu_count() or 1) // max(1, workers))
-    planned = plan_runs(spec)
+    planned = plan_runs(spec) if planned is None else planned
     for device in {cfg.training.device for _, cfg in planned} if check_devices else ():
         check_device(device)
     jobs = []
-    for run, cfg in planned:
-        run_dir = sweep_dir / run.name
-        prepare(run_dir, retry_failed)
+    for spec_run, cfg in planned:
+        run = ResolvedRun(cfg, sweep_dir / spec_run.name, cache_dir)
+        prepare(run.run_dir, retry_failed)
         jobs.append(
             Job(
-                name=run.name,
-                run_dir=str(run_dir),
-                config=cfg.model_dump(mode="json"),
+                name=spec_run.name,
+                run_dir=str(run.run_dir),
+                config=run.data(),
                 threads=threads,
                 plan=plan,
                 cache_dir=str(cache_dir) if cache_dir else None,
@@ -326,7 +342,7 @@ def make_jobs(
 
 
 def step_seconds(cfg: RunConfig) -> float:
-    """One training step of ``cfg``'s model at its batch shape (a typical batch's padded
+    """One training step of ``cfg``'s (resolved) model at its batch shape (a typical batch's padded
     length, not the longest document), timed on one thread."""
 
     import torch
@@ -334,7 +350,6 @@ def step_seconds(cfg: RunConfig) -> float:
     from mecheval.models import build_model
     from mecheval.training.threads import torch_threads
 
-    cfg = resolve(cfg)
     with torch_threads(1):
         with torch.random.fork_rng(devices=[]):
             model = build_model(cfg.model)
@@ -391,7 +406,7 @@ def auto_group_size(jobs: Sequence[Job]) -> int:
 
 
 def _on_gpu(jobs: Sequence[Job]) -> bool:
-    return any(str(job.config["training"].get("device", "cpu")).startswith("cuda") for job in jobs)
+    return any(job.device.startswith("cuda") for job in jobs)
 
 
 def _in_job_order(
@@ -654,16 +669,18 @@ def run_sweep(
     cache_dir: Path | None = None,
     on_progress: Callable[[SweepEvent], None] | None = None,
     group_size: int | None = None,
+    planned: Sequence[tuple[RunSpec, RunConfig]] | None = None,
 ) -> list[Outcome]:
     """Run every run of ``spec`` under ``out_dir/spec.name``; return one outcome per run.
     ``on_progress`` (local backend) gets each run's events (:data:`SweepEvent`) as they happen.
+    ``planned``: :func:`plan_runs` of ``spec`` where the caller has planned it already.
 
     ``group_size``: the most runs trained as one stacked model (:func:`group_jobs`); None
     chooses (:func:`auto_group_size`: stacks on a GPU, one run at a time on a CPU)."""
     check_options(workers, backend)
     # A Ray cluster's devices are its workers', not this machine's.
     here = backend == "local"
-    jobs = make_jobs(spec, Path(out_dir), workers, plan, retry_failed, cache_dir, here)
+    jobs = make_jobs(spec, Path(out_dir), workers, plan, retry_failed, cache_dir, here, planned)
     size = auto_group_size(jobs) if group_size is None else group_size
     if backend == "ray":
         return run_ray(jobs, address, size)

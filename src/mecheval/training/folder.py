@@ -271,16 +271,18 @@ class RunFolder:
 
 
 def load_run(
-    run_dir: str | Path, device: str | torch.device = "cpu"
+    run_dir: str | Path, device: str | torch.device = "cpu", cfg: RunConfig | None = None
 ) -> tuple[RunConfig, LanguageModel]:
-    """Rebuild a finished run's model from ``config.yaml`` and ``model.safetensors`` (eval mode)."""
+    """Rebuild a finished run's model from ``config.yaml`` and ``model.safetensors`` (eval
+    mode). ``cfg``: the resolved config the caller trained the run from (then
+    ``config.yaml``, written from it, is not read again)."""
     run_dir = Path(run_dir)
     config_path, model_path = run_dir / CONFIG_FILE, run_dir / MODEL_FILE
     if not config_path.is_file():
         raise ConfigError(f"{run_dir}: not a run folder (no {CONFIG_FILE})")
     if not model_path.is_file():
         raise ConfigError(f"{run_dir}: the run has no {MODEL_FILE} yet (not finished?)")
-    cfg = load_config(config_path)
+    cfg = load_config(config_path) if cfg is None else cfg
     model = build_model(cfg.model)
     try:
         weights = load_file(model_path, device=str(device))

@@ -32,15 +32,15 @@ non-finite at an evaluation) is marked failed in its own status.json with the Tr
 ("diverged: training loss is nan at step N") and dropped from the stack; the others go on.
 
 Resume is kept simple: the group writes each member's checkpoint in the single-run format, and
-a member that has a checkpoint (an interrupted group or run) is resumed alone by ``train()``.
+a member that has a checkpoint (an interrupted group or run) is resumed alone by ``train_run()``.
 Finished members are skipped.
 
 Architectures that cannot be vmapped (a mixer writing in place into a freshly allocated
 buffer, Python control flow on tensor values, an autograd.Function without a vmap rule) are
 detected by a probe before training -- one vmapped forward and backward on two documents,
 compared with plain autograd per model -- and their group is trained one run at a time with
-``train()`` instead, with a warning naming the error.
-With torch 2.13 all seven built-in architectures pass (attention, baseconv, based, deltanet,
+``train_run()`` instead, with a warning naming the error.
+With torch 2.13 seven architectures are known to pass (attention, baseconv, based, deltanet,
 h3, hyena, mamba), with three caveats that cost speed, not correctness:
 
 * CPU ``scaled_dot_product_attention`` (forward and backward; attention) and
@@ -76,12 +76,13 @@ from torch.func import grad_and_value, stack_module_state, vmap
 from mecheval.tasks import Batch
 from mecheval.tasks.batch import ANSWER_POSITIONS, ANSWERS
 from mecheval.training.checkpoint import has_checkpoint, save_checkpoint
-from mecheval.training.config import RunConfig, check_device, config_to_data, resolve
+from mecheval.training.config import RunConfig, check_device, config_to_data
 from mecheval.training.folder import RunFolder
 from mecheval.training.metrics import answer_loss, multi_answer_loss
 from mecheval.training.precision import autocast, rounding_eps, tf32
 from mecheval.training.reporter import NullReporter, Reporter, ReporterFactory, null_reporter
-from mecheval.training.run import crash_reason, train
+from mecheval.training.resolved import ResolvedRun
+from mecheval.training.run import crash_reason, train_run
 from mecheval.training.stacked import (
     Functional,
     StackedAdamW,
@@ -103,8 +104,9 @@ _PROBED: dict[str, str | None] = {}
 
 
 def group_key(cfg: RunConfig) -> str:
-    """What members of a group share: the resolved config without name and per-run fields."""
-    data = config_to_data(resolve(cfg))
+    """What members of a group share: the (resolved) config without name and per-run
+    fields."""
+    data = config_to_data(cfg)
     data.pop("name", None)
     for key in PER_RUN_FIELDS:
         data["training"].pop(key, None)
@@ -112,10 +114,11 @@ def group_key(cfg: RunConfig) -> str:
 
 
 def groupable(cfgs: Sequence[RunConfig], max_size: int | None = None) -> list[list[int]]:
-    """Partition ``cfgs`` (by index, in order of first appearance) into groups that can train
-    together: same task, model, batch size, steps, schedule shape, evaluation and
-    ``train_queries``; lr, seed, weight decay and clipping may differ. ``max_size`` splits
-    larger groups into chunks (memory grows with the group)."""
+    """Partition ``cfgs`` (resolved configs, as a :class:`ResolvedRun` holds; by index, in
+    order of first appearance) into groups that can train together: same task, model, batch
+    size, steps, schedule shape, evaluation and ``train_queries``; lr, seed, weight decay and
+    clipping may differ. ``max_size`` splits larger groups into chunks (memory grows with the
+    group)."""
     if max_size is not None and max_size < 1:
         raise ValueError(f"max_size: expected >= 1, got {max_size}")
     groups: dict[str, list[int]] = {}
@@ -382,7 +385,7 @@ class GroupTrainer:
             self.take_off([j for j, _ in diverged] + reached)
 
     def save_checkpoints(self, start: float) -> None:
-        """Each live member's checkpoint in the single-run format, so ``train()`` resumes it."""
+        """Each live member's checkpoint in the single-run format, so ``train_run()`` resumes it."""
         for j in range(len(self.live)):
             member = self.sync(j)
             opt = member.optimizer
@@ -440,23 +443,24 @@ def _vmap_error(group: GroupTrainer) -> str | None:
 
 
 def _train_members(
-    folders: Sequence[RunFolder],
+    runs: Sequence[ResolvedRun],
     datasets: Mapping[str, Any],
     callbacks: Sequence[Callback],
     reporter_for: ReporterFactory,
     use_vmap: bool,
 ) -> list[dict[str, Any]]:
     """Train one group (no member finished, none with a checkpoint) into its run folders."""
-    cfgs = [folder.cfg for folder in folders]
+    cfgs = [run.cfg for run in runs]
 
     def one_by_one() -> list[dict[str, Any]]:
         return [
-            train(f.cfg, f.path, callbacks, datasets=datasets, reporter=reporter_for([f.cfg]))
-            for f in folders
+            train_run(run, callbacks, datasets=datasets, reporter=reporter_for([run.cfg]))
+            for run in runs
         ]
 
     if len(cfgs) == 1 or not use_vmap:
         return one_by_one()
+    folders = [run.folder() for run in runs]
     group = GroupTrainer(cfgs, datasets, [f.path for f in folders], callbacks, reporter_for(cfgs))
     error = _vmap_error(group)
     if error is not None:
@@ -493,7 +497,7 @@ def _train_stack(group: GroupTrainer, folders: Sequence[RunFolder]) -> list[dict
     try:
         group.run(start)
     except BaseException as err:
-        # As train(): not a property of the configs; a later call resumes from checkpoints.
+        # As train_run(): not a property of the configs; a later call resumes from checkpoints.
         reason = crash_reason(err)
         for k in group.live:
             member = group.members[k]
@@ -526,37 +530,58 @@ def train_group(
     use_vmap: bool = True,
     reporter_for: ReporterFactory | None = None,
 ) -> list[dict[str, Any]]:
-    """Train every ``cfgs[i]`` into ``run_dirs[i]`` as :func:`~mecheval.training.run.train`
-    would, grouping compatible runs (:func:`groupable`) into one stacked model each; return
-    the statuses in input order.
-
-    Finished runs are skipped; a run with a checkpoint is resumed alone by ``train()``; a
-    group whose architecture does not vmap (or ``use_vmap=False``) trains one run at a time.
-    ``datasets`` (shared by all runs, which must then have one task) saves rebuilding them;
-    ``max_group`` caps the stack size. ``reporter_for(cfgs)`` gives the reporter of each
-    stack or single run (default: no progress display). A crash (or a callback raising)
-    marks the unfinished members of the group ``crashed`` and propagates, as ``train()`` does.
-    """
+    """:func:`train_runs` of ``cfgs[i]`` resolved into ``run_dirs[i]``."""
     if len(cfgs) != len(run_dirs):
         raise ValueError(f"train_group: {len(cfgs)} configs but {len(run_dirs)} run folders")
-    dirs = [Path(d) for d in run_dirs]
-    if len({d.resolve() for d in dirs}) != len(dirs):
+    runs = [ResolvedRun.of(cfg, d, cache_dir) for cfg, d in zip(cfgs, run_dirs, strict=True)]
+    return train_runs(
+        runs,
+        callbacks=callbacks,
+        datasets=datasets,
+        max_group=max_group,
+        use_vmap=use_vmap,
+        reporter_for=reporter_for,
+    )
+
+
+def train_runs(
+    runs: Sequence[ResolvedRun],
+    *,
+    callbacks: Sequence[Callback] = (),
+    datasets: Mapping[str, Any] | None = None,
+    max_group: int | None = None,
+    use_vmap: bool = True,
+    reporter_for: ReporterFactory | None = None,
+) -> list[dict[str, Any]]:
+    """Train every run as :func:`~mecheval.training.run.train_run` would, grouping
+    compatible runs (:func:`groupable`) into one stacked model each; return the statuses in
+    input order.
+
+    Finished runs are skipped; a run with a checkpoint is resumed alone by ``train_run()``;
+    a group whose architecture does not vmap (or ``use_vmap=False``) trains one run at a
+    time. ``datasets`` (shared by all runs, which must then have one task) saves rebuilding
+    them; ``max_group`` caps the stack size. ``reporter_for(cfgs)`` gives the reporter of
+    each stack or single run (default: no progress display). A crash (or a callback
+    raising) marks the unfinished members of the group ``crashed`` and propagates, as
+    ``train_run()`` does.
+    """
+    if len({run.run_dir.resolve() for run in runs}) != len(runs):
         raise ValueError("train_group: two runs share a run folder")
-    folders = [RunFolder(d, resolve(cfg)) for cfg, d in zip(cfgs, dirs, strict=True)]
-    for device in {folder.cfg.training.device for folder in folders}:
+    for device in {run.device for run in runs}:
         check_device(device)
+    folders = [run.folder() for run in runs]
     reporter_for = reporter_for or null_reporter
     statuses: list[dict[str, Any] | None] = [folder.check() for folder in folders]
     built: dict[str, Mapping[str, Any]] = {}
 
-    def data_for(cfg: RunConfig) -> Mapping[str, Any]:
+    def data_for(run: ResolvedRun) -> Mapping[str, Any]:
         if datasets is not None:
             return datasets
-        key = json.dumps(cfg.task.model_dump(mode="json"), sort_keys=True)
+        key = json.dumps(run.cfg.task.model_dump(mode="json"), sort_keys=True)
         if key not in built:
             from mecheval.tasks import build_datasets
 
-            built[key] = build_datasets(cfg.task, cache_dir=cache_dir)
+            built[key] = build_datasets(run.cfg.task, cache_dir=run.cache_dir)
         return built[key]
 
     fresh: list[int] = []
@@ -564,21 +589,17 @@ def train_group(
         if statuses[i] is not None:
             continue
         if has_checkpoint(folder.checkpoint_dir):
-            statuses[i] = train(
-                folder.cfg,
-                folder.path,
-                callbacks,
-                datasets=data_for(folder.cfg),
-                reporter=reporter_for([folder.cfg]),
+            statuses[i] = train_run(
+                runs[i], callbacks, datasets=data_for(runs[i]), reporter=reporter_for([runs[i].cfg])
             )
         else:
             fresh.append(i)
-    for group in groupable([folders[i].cfg for i in fresh], max_size=max_group):
+    for group in groupable([runs[i].cfg for i in fresh], max_size=max_group):
         indices = [fresh[j] for j in group]
-        members = [folders[i] for i in indices]
+        members = [runs[i] for i in indices]
         with torch_threads(members[0].cfg.training.threads):
             results = _train_members(
-                members, data_for(members[0].cfg), callbacks, reporter_for, use_vmap
+                members, data_for(members[0]), callbacks, reporter_for, use_vmap
             )
         for i, status in zip(indices, results, strict=True):
             statuses[i] = status

@@ -18,9 +18,10 @@ from mecheval.training.checkpoint import (
     read_checkpoint,
     remove_checkpoint,
 )
-from mecheval.training.config import RunConfig, check_device, resolve
+from mecheval.training.config import RunConfig, check_device
 from mecheval.training.folder import RunFolder, peek_status
 from mecheval.training.reporter import Reporter
+from mecheval.training.resolved import ResolvedRun
 from mecheval.training.threads import torch_threads
 from mecheval.training.trainer import Callback, Diverged, Trainer
 
@@ -31,6 +32,7 @@ __all__ = [
     "raise_interrupt",
     "stop_on_sigterm",
     "train",
+    "train_run",
 ]
 
 
@@ -86,19 +88,32 @@ def train(
     cache_dir: Path | None = None,
     reporter: Reporter | None = None,
 ) -> dict[str, Any]:
-    """Train ``cfg`` into ``run_dir`` and return its status.
+    """Train ``cfg`` into ``run_dir`` and return its status: :func:`train_run` of the
+    config resolved."""
+    run = ResolvedRun.of(cfg, run_dir, cache_dir)
+    return train_run(run, callbacks, datasets=datasets, reporter=reporter)
+
+
+def train_run(
+    run: ResolvedRun,
+    callbacks: Sequence[Callback] = (),
+    *,
+    datasets: Mapping[str, Any] | None = None,
+    reporter: Reporter | None = None,
+) -> dict[str, Any]:
+    """Train ``run`` into its folder and return its status.
 
     A finished run is skipped (its status is returned); an unfinished one resumes from its
     last checkpoint and ends exactly as an uninterrupted run would. A diverged run (non-finite
     loss) is marked failed and its status returned, not raised. ``datasets`` may be passed to
-    share one build between runs of the same task; by default they are built from ``cfg.task``.
-    ``reporter`` is told the progress and any warning (default: no progress display).
+    share one build between runs of the same task; by default they are built from the run's
+    task (through its dataset cache). ``reporter`` is told the progress and any warning
+    (default: no progress display).
     """
-    cfg = resolve(cfg)
-    check_device(cfg.training.device)
-    folder = RunFolder(run_dir, cfg)
+    check_device(run.device)
+    folder = run.folder()
     with folder.locked():
-        return _train(folder, callbacks, datasets, cache_dir, reporter)
+        return _train(folder, callbacks, datasets, run.cache_dir, reporter)
 
 
 def _train(

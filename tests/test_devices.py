@@ -132,13 +132,13 @@ def test_a_sweep_runs_a_runs_interventions_on_the_device_it_trained_on(
     interventions load the model there (the load is stopped before it needs a GPU)."""
     from small_runs import SWEEP_BASE
 
-    from mecheval.experiments import mechanisms, runners
+    from mecheval.experiments import jobs, mechanisms, runners
     from mecheval.experiments.grid import SweepSpec
     from mecheval.experiments.mechanisms import InterventionPlan
 
     spec = SweepSpec(name="d", base=SWEEP_BASE, grid={"training.seed": [0]})
     (job,) = runners.make_jobs(spec, tmp_path, 1, InterventionPlan(n_docs=4), False, None)
-    assert runners.execute_group([job])[0].state == "done"
+    assert jobs.execute_group([job])[0].state == "done"
     loaded = []
 
     def load_run(run_dir, device="cpu", cfg=None):
@@ -148,6 +148,6 @@ def test_a_sweep_runs_a_runs_interventions_on_the_device_it_trained_on(
     monkeypatch.setattr(mechanisms, "load_run", load_run)
     (tmp_path / "d" / job.name / "interventions.csv").unlink()
     job.config["training"]["device"] = "cuda"
-    outcome = runners._finish(job, job.run(), None, "")
+    outcome = jobs._finish(job, job.run(), None, "")
     assert loaded == ["cuda"]
     assert outcome.reason == "interventions: RuntimeError: stopped before the load"

@@ -10,22 +10,18 @@ import torch
 from small_runs import SWEEP_BASE
 
 from mecheval.errors import ConfigError
-from mecheval.experiments import runners
+from mecheval.experiments import scheduling
 from mecheval.experiments.grid import SweepSpec, expand, load_sweep
+from mecheval.experiments.jobs import Job, Outcome, RunProgress
 from mecheval.experiments.mechanisms import InterventionPlan
-from mecheval.experiments.runners import (
+from mecheval.experiments.runners import make_jobs, plan_runs, run_sweep
+from mecheval.experiments.scheduling import (
     GPU_GROUP_SIZE,
-    Job,
-    Outcome,
-    RunProgress,
     auto_group_size,
     estimated_seconds,
     gpu_share,
     group_jobs,
     longest_first,
-    make_jobs,
-    plan_runs,
-    run_sweep,
 )
 from mecheval.experiments.store import load_results
 from mecheval.models.sites import describe_site, parse_site, resolve_site
@@ -305,7 +301,7 @@ def test_the_pool_starts_the_longest_runs_first(tmp_path, monkeypatch) -> None:
         timed.append(cfg.model.d_model)
         return float(cfg.model.d_model)
 
-    monkeypatch.setattr(runners, "step_seconds", step_cost)
+    monkeypatch.setattr(scheduling, "step_seconds", step_cost)
     spec = tiny_spec(**{"model.d_model": [8, 64], "training.steps": [12, 200]})
     jobs = make_jobs(spec, tmp_path, workers=2, plan=None, retry_failed=False, cache_dir=None)
     assert estimated_seconds(jobs) == {

@@ -23,7 +23,7 @@ from mecheval.cli.progress import (
     sweep_display,
     sweep_line,
 )
-from mecheval.experiments.runners import Outcome, QueueReporter, RunProgress
+from mecheval.experiments.jobs import Outcome, QueueReporter, RunProgress
 from mecheval.training.reporter import NullReporter
 
 

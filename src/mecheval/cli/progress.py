@@ -1,7 +1,7 @@
 """Progress on stderr: bars on a terminal, plain periodic lines in a log, nothing with -q.
 
 ``train`` shows one run (a ``mecheval.training.reporter.Reporter``); ``sweep`` and
-``reproduce`` show a sweep from its events (``mecheval.experiments.runners.SweepEvent``).
+``reproduce`` show a sweep from its events (``mecheval.experiments.jobs.SweepEvent``).
 Where stderr is not a terminal (``make quick > log 2>&1``) a bar would draw nothing until
 the end, so plain lines come instead: every :data:`PLAIN_EVERY` seconds and when a run ends.
 
@@ -32,7 +32,7 @@ from rich.progress import (
 from mecheval.training.reporter import NullReporter, Reporter, print_warning
 
 if TYPE_CHECKING:
-    from mecheval.experiments.runners import Outcome, RunProgress, SweepEvent
+    from mecheval.experiments.jobs import Outcome, RunProgress, SweepEvent
 
 #: Seconds between two plain progress lines (a log is read, not watched).
 PLAIN_EVERY = 10.0
@@ -234,7 +234,7 @@ class SweepTracker:
 def _outcome(event: SweepEvent) -> Outcome | None:
     """The event as a run's outcome; None for a progress event. (Imported on use: the
     runners weigh half a second on a CLI that may only print --help.)"""
-    from mecheval.experiments.runners import Outcome
+    from mecheval.experiments.jobs import Outcome
 
     return event if isinstance(event, Outcome) else None
 

@@ -14,7 +14,7 @@ from mecheval.models.mixers.base import is_inert
 from mecheval.models.mixers.baseconv import BaseConv
 from mecheval.models.mixers.based import BasedLinearAttention
 from mecheval.models.mixers.h3 import DiagSSMKernel, H3Options, ShiftSSM
-from mecheval.models.mixers.long_conv import ImplicitFilter, ImplicitLongConv, positional_features
+from mecheval.models.mixers.long_conv import ImplicitFilter, ImplicitLongConv
 from mecheval.models.mixers.modules import ShortConv
 from mecheval.models.ops.h3 import shift_kernel_direct, vandermonde
 from mecheval.models.ops.linear_attention import (
@@ -26,6 +26,7 @@ from mecheval.models.ops.long_conv import (
     causal_long_conv,
     direct_causal_conv,
     fft_causal_conv,
+    positional_features,
     toeplitz_causal_conv,
 )
 from mecheval.models.registry import get_architecture, parse_options

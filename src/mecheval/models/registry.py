@@ -108,14 +108,17 @@ def architecture(
     label: str = "",
     mlp: bool = True,
     norm: Literal["layer", "rms"] = "layer",
+    init: Literal["zoology", "mamba"] = "zoology",
     position_embedding: bool = False,
     short_conv: str | None = None,
+    no_conv_switch: str = "",
 ) -> Callable[[Buildable], Buildable]:
     """Register a mixer under ``name``: decorate a :class:`Mixer` subclass built as
     ``cls(d_model, options)``, or a builder ``(layer, d_model, options) -> Mixer`` for an
     architecture whose layers differ (like Based). ``options`` is the pydantic model of its
     ``model.mixer`` settings; ``short_conv`` names the option that sizes its own short conv
-    (null: none), if it has one, for ``model.short_conv`` to set."""
+    (null: none), if it has one, for ``model.short_conv`` to set; the other keywords are
+    :class:`Architecture`'s fields."""
 
     def decorate(target: Buildable) -> Buildable:
         if isinstance(target, type) and issubclass(target, Mixer):
@@ -137,8 +140,10 @@ def architecture(
                 label=label,
                 mlp=mlp,
                 norm=norm,
+                init=init,
                 position_embedding=position_embedding,
                 short_conv=short_conv,
+                no_conv_switch=no_conv_switch,
             )
         )
         return target
@@ -245,103 +250,86 @@ def parse_options(name: str, options: dict) -> BaseModel:
     return validate(get_architecture(name).options, options, prefix="model.mixer")
 
 
-# Registered in the order of the paper's figures (Fig. 3, top to bottom): reports, tables and
-# `reproduce` list built-in architectures in this order; plugins follow in registration order.
-register(
-    Architecture(
-        name="mamba",
+def _register_paper_architectures() -> None:
+    """The paper's seven, with the decorator plugins use, in the order of its figures (Fig. 3,
+    top to bottom): reports, tables and `reproduce` list built-in architectures in this order;
+    plugins follow in registration order."""
+    architecture(
+        "mamba",
         label="Mamba",
         options=MambaOptions,
-        build=lambda layer, d, opts: Mamba(d, opts),
         description="Mamba-1 selective SSM with short conv (Gu & Dao, 2023); no MLP, RMSNorm",
         mlp=False,
         norm="rms",
         init="mamba",
         short_conv="d_conv",
-    )
-)
+    )(Mamba)
 
-register(
-    Architecture(
-        name="hyena",
+    architecture(
+        "hyena",
         label="Hyena",
         options=HyenaOptions,
-        build=lambda layer, d, opts: Hyena(d, opts),
         description="Hyena order 2: short conv, gating, implicit long conv (Poli et al., 2023)",
         short_conv="short_filter_order",
-    )
-)
+    )(Hyena)
 
-register(
-    Architecture(
-        name="h3",
+    architecture(
+        "h3",
         label="H3",
         options=H3Options,
-        build=lambda layer, d, opts: H3(d, opts),
         description="H3: q * DiagSSM(ShiftSSM(k) * v), S4D-Lin diagonal SSM (Fu et al., 2023)",
-    )
-)
+    )(H3)
 
-register(
-    Architecture(
-        name="deltanet",
+    architecture(
+        "deltanet",
         label="DeltaNet",
         options=DeltaNetOptions,
-        build=lambda layer, d, opts: DeltaNet(d, opts),
         description="DeltaNet: delta-rule linear attention with short convs (Yang et al., 2024)",
         short_conv="conv_size",
-    )
-)
+    )(DeltaNet)
 
-register(
-    Architecture(
-        name="based",
+    architecture(
+        "based",
         label="Based",
         options=BasedOptions,
-        build=build_based,
         description="Based hybrid: BaseConv short-conv layers alternating with Taylor-feature "
         "linear attention (Arora et al., 2024b)",
         no_conv_switch="alternates short-conv (BaseConv) and linear-attention layers: set the "
         "BaseConv layers' kernel with model.mixer.conv_kernel_size",
-    )
-)
+    )(build_based)
 
-register(
-    Architecture(
-        name="baseconv",
+    architecture(
+        "baseconv",
         label="BaseConv",
         options=BaseConvOptions,
-        build=build_baseconv,
         description="BaseConv: conv(u) * linear(u) + u, conv size per layer from a cycled list "
         "(-1 = implicit long conv) (Arora et al., 2024a)",
         no_conv_switch="sizes its conv per layer, short or long (model.mixer.kernel_size): "
         "its conv is the architecture itself",
-    )
-)
+    )(build_baseconv)
 
-register(
-    Architecture(
-        name="attention",
+    architecture(
+        "attention",
         label="Attention",
         options=AttentionOptions,
-        build=lambda layer, d, opts: Attention(d, opts),
         description="causal softmax attention (Transformer)",
         position_embedding=True,
-    )
-)
+    )(Attention)
+
+
+_register_paper_architectures()
 
 #: The paper's seven architectures, in the paper's order: what experiments compare by default.
 PAPER_ARCHITECTURES = tuple(ARCHITECTURES)
 
-# ------------------------------------------------------------- architectures beyond the paper
-# Registered after the paper's seven; `reproduce --archs all` adds them to an experiment.
 
-register(
-    Architecture(
-        name="mamba2",
+def _register_more_architectures() -> None:
+    """The architectures beyond the paper, registered after its seven; `reproduce --archs all`
+    adds them to an experiment."""
+    architecture(
+        "mamba2",
         label="Mamba-2",
         options=Mamba2Options,
-        build=lambda layer, d, opts: Mamba2(d, opts),
         description="Mamba-2: SSD, a selective SSM with one scalar decay per head, one short "
         "conv over x, B, C and a gated RMSNorm (Dao & Gu, 2024); no MLP, RMSNorm",
         # mamba_ssm's Mamba-2 LM is built like its Mamba LM: no MLP, RMSNorm, its init.
@@ -349,55 +337,45 @@ register(
         norm="rms",
         init="mamba",
         short_conv="d_conv",
-    )
-)
+    )(Mamba2)
 
-register(
-    Architecture(
-        name="gated_deltanet",
+    architecture(
+        "gated_deltanet",
         label="Gated DeltaNet",
         options=GatedDeltaNetOptions,
-        build=lambda layer, d, opts: GatedDeltaNet(d, opts),
         description="Gated DeltaNet: the delta rule with a Mamba-2 style decay gate, short "
         "convs and an output gate (Yang et al., 2025)",
         short_conv="conv_size",
-    )
-)
+    )(GatedDeltaNet)
 
-register(
-    Architecture(
-        name="gla",
+    architecture(
+        "gla",
         label="GLA",
         options=GLAOptions,
-        build=lambda layer, d, opts: GLA(d, opts),
         description="GLA: linear attention with a data-dependent per-channel decay and a "
         "gated output, as fla's layer (Yang et al., 2024)",
         short_conv="conv_size",
-    )
-)
+    )(GLA)
 
-register(
-    Architecture(
-        name="retnet",
+    architecture(
+        "retnet",
         label="RetNet",
         options=RetNetOptions,
-        build=lambda layer, d, opts: RetNet(d, opts),
         description="RetNet: multi-scale retention, fixed decay per head and RoPE, as fla's "
         "layer (Sun et al., 2023)",
-    )
-)
+    )(RetNet)
 
-register(
-    Architecture(
-        name="hawk",
+    architecture(
+        "hawk",
         label="Hawk",
         options=HawkOptions,
-        build=lambda layer, d, opts: Hawk(d, opts),
         description="Hawk: Griffin's recurrent block, conv + RG-LRU gated by a GeLU branch, as "
         "recurrentgemma (De et al., 2024)",
         short_conv="conv_size",
-    )
-)
+    )(Hawk)
+
+
+_register_more_architectures()
 
 #: Every architecture that comes with mecheval: the paper's, then the others.
 BUILTIN_ARCHITECTURES = tuple(ARCHITECTURES)

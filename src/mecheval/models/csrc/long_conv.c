@@ -1,4 +1,4 @@
-/* The causal depthwise ("long") convolution of models/mixers/long_conv.py, forward and
+/* The causal depthwise ("long") convolution of models/ops/long_conv.py, forward and
  * backward, for the training step on a CPU:
  *
  *   y[b, t, c] = sum_{j = 0 .. min(t, L - 1)} k[c, j] u[b, t - j, c]

@@ -1,4 +1,4 @@
-/* Mamba's selective scan on the CPU, forward and backward, for models/mixers/mamba.py.
+/* Mamba's selective scan on the CPU, forward and backward, for models/ops/selective_scan.py.
  *
  *   h_t = exp(dt_t A) * h_{t-1} + dt_t x_t B_t      per channel d and state n, h_{-1} = 0
  *   y_t = sum_n C_t[n] h_t[n]

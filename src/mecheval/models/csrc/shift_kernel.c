@@ -1,5 +1,5 @@
 /* H3's shift-SSM kernel as a direct correlation, forward and backward, for
- * models/mixers/h3.py (shift_kernel_direct):
+ * models/ops/h3.py (shift_kernel_direct):
  *
  *   K[ch, j] = sum_m b[ch, m] c[ch, m + j],   j < lags, c zero beyond its N slots
  *

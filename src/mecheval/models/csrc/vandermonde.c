@@ -1,5 +1,5 @@
 /* H3's diagonal SSM kernel as a Vandermonde product, forward and backward, for
- * models/mixers/h3.py:
+ * models/ops/h3.py (vandermonde):
  *
  *   K[h, l] = 2 Re sum_n cb[h, n] z[h, n]^l,   z = exp(w),   l = 0 .. L - 1
  *

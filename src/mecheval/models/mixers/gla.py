@@ -47,7 +47,7 @@ from torch import nn
 
 from mecheval.models import native
 from mecheval.models.mixers.base import Mixer
-from mecheval.models.mixers.modules import ShortConv
+from mecheval.models.mixers.modules import ShortConv, gated_head_output
 from mecheval.models.ops.gla import gla_chunked, gla_recurrent
 
 #: :func:`gla_recurrent` from a zero state in a training step, by ``csrc/gla.c``
@@ -141,10 +141,7 @@ class GLA(Mixer):
 
     def finish(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Recurrence output o [B, H, T, d_v/H] -> mixer output [B, T, d]."""
-        b, _, t, _ = o.shape
-        gate = self.g_proj(x).view(b, t, self.num_heads, self.head_v_dim)
-        o = self.g_norm_swish_gate(o.transpose(1, 2)) * F.silu(gate)
-        return self.o_proj(o.reshape(b, t, self.value_dim))
+        return gated_head_output(o, self.g_proj(x), self.g_norm_swish_gate, self.o_proj)
 
     def recurrent_state_size(self, seq_len: int) -> int:
         return self.num_heads * self.head_k_dim * self.head_v_dim

@@ -37,7 +37,6 @@ only ``out_proj``/``fc2`` weights by 1/sqrt(2 n_layers), and so does mecheval's 
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
@@ -45,9 +44,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer, index_states, table1_constant, with_history
-from mecheval.models.ops.h3 import shift_kernel_direct, vandermonde
+from mecheval.models.mixers.ssm import DiagSSMKernel, ShiftSSM
+from mecheval.models.ops.h3 import head_outer, head_readout
 from mecheval.models.ops.long_conv import causal_long_conv
-from mecheval.models.sites import Site
 
 
 class H3Options(BaseModel):
@@ -75,142 +74,6 @@ class H3Options(BaseModel):
         if v % 2:
             raise ValueError(f"must be even (N/2 complex-conjugate modes), got {v}")
         return v
-
-
-#: Kernel lengths up to which ShiftSSM.kernel sums each lag directly rather than by FFT.
-DIRECT_LAGS = 48
-
-
-class ShiftSSM(nn.Module):
-    """Per-channel shift SSM ``[B, T, C] -> [B, T, C]`` (see module docstring)."""
-
-    #: a d_state-tap causal FIR filter: a short mixing step (``models.sites.local_mixing_sites``)
-    local_mixing = True
-
-    def __init__(self, channels: int, d_state: int, l_max: int) -> None:
-        super().__init__()
-        self.d_state = d_state
-        self.l_max = l_max
-        self.B = nn.Parameter(torch.empty(channels, d_state))
-        self.C = nn.Parameter(torch.empty(channels, d_state))
-        self.D = nn.Parameter(torch.empty(channels))
-        self.output = Site()
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        with torch.no_grad():
-            self.B.zero_()
-            self.B[:, 0] = 1.0
-        bound = 1.0 / math.sqrt(self.d_state)
-        nn.init.uniform_(self.C, -bound, bound)
-        nn.init.normal_(self.D)
-
-    def kernel(self, length: int) -> torch.Tensor:
-        """K[c, j] = sum_m B[c, m] C[c, m + j], j < min(N, length): ``[C, min(N, length)]``.
-
-        Up to :data:`DIRECT_LAGS` lags, a direct correlation (:func:`shift_kernel_direct`,
-        cost ~L N per channel); beyond, a correlation by FFT of size 2N, whose cost does not
-        shrink with L (at the quick presets' T ~ 11-24 it was a tenth of H3's training
-        step)."""
-        lags = min(self.d_state, length)
-        if lags <= DIRECT_LAGS:
-            return shift_kernel_direct(self.B, self.C, lags)
-        n = 2 * self.d_state  # no wrap-around: m + j < 2N
-        b_f = torch.fft.rfft(self.B, n=n)
-        c_f = torch.fft.rfft(self.C, n=n)
-        return torch.fft.irfft(b_f.conj() * c_f, n=n)[:, :lags]
-
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
-        return self.forward_from(u, 0)
-
-    def forward_from(self, u: torch.Tensor, start: int) -> torch.Tensor:
-        """:meth:`forward` at positions ``start``.. of ``u`` [B, T, C], the input's whole
-        history: [B, T - start, C] (a mixer resumed from a prefix)."""
-        k = self.kernel(min(u.shape[1], self.l_max))
-        return self.output(causal_long_conv(u, k, start) + u[:, start:] * self.D)
-
-
-class DiagSSMKernel(nn.Module):
-    """S4D-Lin diagonal SSM kernel: ``forward(L) -> [H, L]`` (see module docstring)."""
-
-    def __init__(
-        self,
-        channels: int,
-        d_state: int,
-        discretization: Literal["bilinear", "zoh"] = "bilinear",
-        dt_min: float = 0.001,
-        dt_max: float = 0.1,
-    ) -> None:
-        super().__init__()
-        self.discretization = discretization
-        self.dt_min, self.dt_max = dt_min, dt_max
-        half = d_state // 2
-        self.log_dt = nn.Parameter(torch.empty(channels))
-        self.inv_A_real = nn.Parameter(torch.empty(channels, half))
-        self.A_imag = nn.Parameter(torch.empty(channels, half))
-        # Complex B and C stored as (real, imag) pairs in a trailing axis.
-        self.B = nn.Parameter(torch.empty(channels, half, 2))
-        self.C = nn.Parameter(torch.empty(channels, half, 2))
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        h, half = self.inv_A_real.shape
-        lo, hi = math.log(self.dt_min), math.log(self.dt_max)
-        with torch.no_grad():
-            self.log_dt.copy_(torch.rand(h) * (hi - lo) + lo)
-            self.inv_A_real.fill_(math.log(0.5))
-            self.A_imag.copy_(math.pi * torch.arange(half, dtype=torch.float32).expand(h, half))
-            self.B.copy_(torch.view_as_real(torch.ones(h, half, dtype=torch.cfloat)))
-            self.C.copy_(torch.view_as_real(torch.randn(h, half, dtype=torch.cfloat)))
-
-    def discretize(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(dA, dB, C), each complex ``[H, N/2]``: x_t = dA x_{t-1} + dB u_t, y_t = 2 Re C.x_t."""
-        dt = torch.exp(self.log_dt).unsqueeze(-1)
-        a = torch.complex(-torch.exp(self.inv_A_real), self.A_imag)
-        b = torch.view_as_complex(self.B)
-        c = torch.view_as_complex(self.C)
-        dta = a * dt
-        if self.discretization == "zoh":
-            return torch.exp(dta), b * (torch.exp(dta) - 1.0) / a, c
-        return (1.0 + dta / 2) / (1.0 - dta / 2), b * dt / (1.0 - dta / 2), c
-
-    def forward(self, length: int) -> torch.Tensor:
-        # The kernel is a function of the parameters alone (no activations): always computed in
-        # float32, as mixed-precision SSMs do. Under a bf16 autocast its matmul would otherwise
-        # run in bf16, and _Vandermonde's backward (run outside autocast) would then meet a bf16
-        # gradient and float32 powers.
-        with torch.autocast(self.log_dt.device.type, enabled=False):
-            return self._kernel(length)
-
-    def _kernel(self, length: int) -> torch.Tensor:
-        # :meth:`discretize` written out in real arithmetic, straight to what the Vandermonde
-        # product takes: C dB (real, imaginary) and log dA = log|dA| + i arg(dA). Complex
-        # autograd ops (division, the complex log) on these [H, N/2] tensors cost more than
-        # the product itself at T ~ 10-35 on the CPU. dt A = x + i y.
-        dt = torch.exp(self.log_dt).unsqueeze(-1)
-        a_re, a_im = -torch.exp(self.inv_A_real), self.A_imag
-        x, y = a_re * dt, a_im * dt
-        b_re, b_im = self.B.unbind(-1)
-        c_re, c_im = self.C.unbind(-1)
-        if self.discretization == "zoh":
-            # dA = e^x (cos y + i sin y); dB = B (dA - 1) / A.
-            log_abs, arg = x, y
-            ex = torch.exp(x)
-            f_re, f_im = ex * torch.cos(y) - 1.0, ex * torch.sin(y)  # dA - 1
-            a_norm = a_re * a_re + a_im * a_im
-            g_re = (f_re * a_re + f_im * a_im) / a_norm  # (dA - 1) / A
-            g_im = (f_im * a_re - f_re * a_im) / a_norm
-        else:
-            # dA = (1 + dtA/2) / (1 - dtA/2) = (1 - |dtA|^2/4 + i y) / den,
-            # dB = B dt / (1 - dtA/2) = B dt ((1 - x/2) + i y/2) / den, den = |1 - dtA/2|^2.
-            half_x, half_y = x / 2, y / 2
-            den = (1 - half_x) ** 2 + half_y**2
-            log_abs = 0.5 * (torch.log((1 + half_x) ** 2 + half_y**2) - torch.log(den))
-            arg = torch.atan2(y, 1 - half_x**2 - half_y**2)
-            g_re, g_im = dt * (1 - half_x) / den, dt * half_y / den
-        db_re, db_im = b_re * g_re - b_im * g_im, b_re * g_im + b_im * g_re
-        cb_re, cb_im = c_re * db_re - c_im * db_im, c_re * db_im + c_im * db_re
-        return vandermonde(cb_re, cb_im, log_abs, arg, length)
 
 
 class H3(Mixer):
@@ -251,37 +114,20 @@ class H3(Mixer):
     def mix(self, u: torch.Tensor) -> torch.Tensor:
         return self._mixed(u, None)
 
-    def _by_head(self, x: torch.Tensor) -> torch.Tensor:
-        # [B, T, p, h]: x[b, t, h * p + i], copied so that the head index is contiguous.
-        b, t, _ = x.shape
-        return x.view(b, t, self.n_heads, self.head_dim).transpose(2, 3).contiguous()
-
-    def _outer(self, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The diagonal SSM's input: the heads' outer products k' v [B, T, p * p * h]."""
-        # Channels laid out (i, j, head): channel (i, j, h) = k'[h, i] * v[h, j]. With the
-        # head innermost, the products and the sum over i run over contiguous memory (laid
-        # out (h, i, j), a 2 x 2 trailing block, they took a quarter of H3's training step);
-        # each channel is convolved with its head's kernel.
-        kv = self._by_head(k).unsqueeze(3) * self._by_head(v).unsqueeze(2)  # [B, T, i, j, h]
-        return kv.reshape(*k.shape[:2], -1)
-
     def _mixed(
         self, u: torch.Tensor, before: tuple[torch.Tensor, torch.Tensor] | None
     ) -> torch.Tensor:
         """:meth:`mix`'s outputs at the positions of ``u`` [B, S, d], which follow positions
         whose inputs to the two SSMs were ``before`` = (k before the shift SSM [B, P, d],
         k' v [B, P, p * p * h]) (None: none; both convolutions read the whole history)."""
-        b, s, d = u.shape
         p = self.head_dim
         q, k, v = self.q_proj(u), self.k_proj(u), self.v_proj(u)
         k_before, kv_before = (None, None) if before is None else before
-        kv = self._outer(self.conv.forward_from(*with_history(k_before, k)), v)
+        kv = head_outer(self.conv.forward_from(*with_history(k_before, k)), v, self.n_heads)
         history, start = with_history(kv_before, kv)
         kernel = self.ssm(min(history.shape[1], self.l_max)).repeat(p * p, 1)
         y = causal_long_conv(history, kernel, start) + kv * self.D.repeat(p * p)
-        y = (y.view(b, s, p, p, self.n_heads) * self._by_head(q).unsqueeze(3)).sum(2)
-        # [B, S, j, h], laid out (j, head), as zoology's output.
-        return self.output_linear(y.reshape(b, s, d))
+        return self.output_linear(head_readout(y, q, self.n_heads))
 
     # Resuming from a prefix (Mixer.prefix_states): both SSMs are convolutions over their
     # input's whole history (the shift SSM's kernel is d_state = 1024 taps long), so the state
@@ -294,7 +140,7 @@ class H3(Mixer):
 
     def prefix_states(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         k = self.k_proj(u)
-        return k, self._outer(self.conv(k), self.v_proj(u))
+        return k, head_outer(self.conv(k), self.v_proj(u), self.n_heads)
 
     def state_at(self, states, rows: torch.Tensor, start: int):
         # The history before the cut, not the state after one position.

@@ -12,10 +12,8 @@ google-deepmind/recurrentgemma's PyTorch code, ``recurrentgemma/torch/modules.py
     h_t    = a_t ⊙ h_{t-1} + sqrt(1 - a_t²) ⊙ (i_t ⊙ u_t)
     out    = linear_out(h ⊙ y)                  lru_width -> d
 
-Reset at the document start, as the reference does at ``segment_pos == 0``: the first step is
-h_0 = i_0 ⊙ u_0, without the sqrt(1 - a²) normalisation (and a_0 multiplies the zero state).
-Every sequence here is one document starting at position 0. The square root's gradient is
-clipped as the reference's ``SqrtBoundDerivative`` (at 1000, i.e. for 1 - a² < 2.5e-7).
+Every sequence here is one document starting at position 0, where the recurrence resets as the
+reference's does at ``segment_pos == 0`` (models/ops/rglru.py: ``rglru_inputs``).
 
 Init as the reference, for what is the RG-LRU's own (the backbone initialises the Linears):
 
@@ -48,14 +46,8 @@ Deliberate differences from the reference:
   without the cancellation near a = 1;
 * everything runs in the model's dtype (the reference accumulates the scan in float32).
 
-The forward pass uses :func:`rglru_scan` (models/ops/rglru.py), the step loop as one autograd
-node with a hand-written adjoint recurrence (one fused multiply-add per step each way). At the
-paper's shape (d 64, B 32, T 35, one thread) it made the mixer's forward + backward ~9x faster
-than :func:`rglru_scan_chunked`, the chunked scan by segment sums of log-decays (every exponent
-<= 0), whose pairwise decays are [B, T, chunk, W] elementwise tensors with no matmul to carry
-them; that form is kept as a second, tested implementation (``chunk_size`` is its block
-length). :func:`rglru_scan_recurrent` is the reference's ``rnn_scan``, one step at a time (for
-tests and :meth:`Hawk.mix_recurrent`)."""
+The RG-LRU's arithmetic (its gates; its scans: the forward pass's :func:`rglru_scan`, the
+step-by-step reference and a chunked form) is in models/ops/rglru.py."""
 
 from __future__ import annotations
 
@@ -67,12 +59,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer
-from mecheval.models.mixers.modules import ShortConv, optional_conv
+from mecheval.models.mixers.modules import BlockDiagonalLinear, ShortConv, optional_conv
 from mecheval.models.ops.rglru import (
+    rglru_inputs,
     rglru_scan,
     rglru_scan_from,
     rglru_scan_recurrent,
-    sqrt_bound_derivative,
 )
 
 
@@ -114,29 +106,6 @@ def rg_lru_a_init(
         return a_param.copy_(torch.log(torch.expm1(-log_r)))
 
 
-class BlockDiagonalLinear(nn.Module):
-    """The reference's ``BlockDiagonalLinear``: ``num_blocks`` independent [bw, bw] Linears on
-    consecutive slices of the width, with bias; weights N(0, 1 / bw), biases 0."""
-
-    def __init__(self, width: int, num_blocks: int) -> None:
-        super().__init__()
-        self.num_blocks = num_blocks
-        self.block_width = width // num_blocks
-        self.w = nn.Parameter(torch.empty(num_blocks, self.block_width, self.block_width))
-        self.b = nn.Parameter(torch.empty(num_blocks, self.block_width))
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        nn.init.normal_(self.w, mean=0.0, std=math.sqrt(1.0 / self.block_width))
-        nn.init.zeros_(self.b)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        *lead, width = x.shape
-        x = x.reshape(*lead, self.num_blocks, self.block_width)
-        y = torch.einsum("...hi,hij->...hj", x, self.w) + self.b
-        return y.reshape(*lead, width)
-
-
 class RGLRU(nn.Module):
     """The RG-LRU's parameters and gates (the reference's ``RGLRU``); the scan is separate."""
 
@@ -156,19 +125,11 @@ class RGLRU(nn.Module):
     def scan_inputs(
         self, x: torch.Tensor, at_start: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [B, T, W] -> (log a_t, the normalised, gated input) of h_t = a_t h_{t-1} + ...;
-        ``at_start``: x's first position is the document's first (False for a window resumed
-        after it)."""
+        """x [B, T, W] -> (log a_t, the normalised, gated input) of h_t = a_t h_{t-1} + ...:
+        :func:`~mecheval.models.ops.rglru.rglru_inputs` of x and its gates (``at_start`` too)."""
         gate_x = torch.sigmoid(self.input_gate(x))
         gate_a = torch.sigmoid(self.a_gate(x))
-        log_a = -self.options.c * gate_a * F.softplus(self.a_param)
-        multiplier = sqrt_bound_derivative(-torch.expm1(2 * log_a))
-        if at_start:
-            # The reference's reset at the document start: h_0 = i_0 ⊙ x_0 (a_0 and the
-            # normalisation are dropped there).
-            multiplier = torch.cat([torch.ones_like(multiplier[:, :1]), multiplier[:, 1:]], 1)
-            log_a = torch.cat([torch.zeros_like(log_a[:, :1]), log_a[:, 1:]], dim=1)
-        return log_a, x * gate_x * multiplier
+        return rglru_inputs(x, gate_x, gate_a, self.a_param, self.options.c, at_start)
 
 
 class Hawk(Mixer):
@@ -229,13 +190,8 @@ class Hawk(Mixer):
             return self.mix(x)[:, offset:]
         y = F.gelu(self.linear_y(x[:, offset:]), approximate="tanh")
         log_a, drive = self.rg_lru.scan_inputs(self.conv(self.linear_x(x))[:, offset:], False)
-        if replace:
-            # The state after the window's first position is given: its output reads it, the
-            # rest of the window continues from it.
-            rest = rglru_scan_from(log_a[:, 1:], drive[:, 1:], state)
-            h = torch.cat([state[:, None], rest], dim=1)
-        else:
-            h = rglru_scan_from(log_a, drive, state)
+        # With ``replace``, the state after the window's first position is given.
+        h = rglru_scan_from(log_a, drive, state, replace_first=replace)
         return self.linear_out(h * y)
 
     def mix_recurrent(self, x: torch.Tensor) -> torch.Tensor:

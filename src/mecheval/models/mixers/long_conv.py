@@ -1,28 +1,6 @@
-"""Causal long convolutions and the implicit (Hyena-style) filter that parametrises them.
-
-A long convolution mixes channel ``c`` of ``u [B, T, C]`` with its own kernel ``k[c]``:
-``y[b, t, c] = sum_{s <= t} k[c, t - s] * u[b, s, c]``.
-
-Two implementations of the same function:
-
-* :func:`fft_causal_conv` zero-pads to ``2T`` so the FFT's circular convolution equals the
-  linear (hence causal) one on ``[0, T)``; O(T log T).
-* :func:`direct_causal_conv` is a depthwise ``conv1d`` with ``T - 1`` left zero padding;
-  O(T^2). Its output at ``t`` is computed from inputs ``<= t`` only, so it is *bitwise*
-  causal, whereas FFT rounding spreads ~1e-7 of every input over all positions.
-
-* :func:`toeplitz_causal_conv` multiplies by the lower-triangular Toeplitz matrix
-  ``M[c, t, s] = k[c, t - s]``; O(T^2) like the direct form and causal in the same bitwise
-  sense for finite inputs (a later input meets an exact zero, and adding ``0 * u = +-0`` to
-  a partial sum leaves it unchanged), but a batched matrix product, whose forward and
-  backward are several times faster on a CPU than the depthwise conv's at T <= ~100.
-
-:func:`causal_long_conv` is what the mixers call: on the CPU, where the intervention tests
-demand bitwise causality and the sequences are short, the Toeplitz product up to
-:data:`TOEPLITZ_MAX_LEN` positions and the direct form beyond (the [C, T, T] matrix grows
-quadratically), in a training step up to that length the direct sum in C
-(``csrc/long_conv.c``, models/native.py); the FFT on a GPU, where speed matters
-(tests/test_mixers_conv.py checks that they compute the same function).
+"""The implicit (Hyena-style) filters that parametrise a causal long convolution, and the
+layer that applies one: ``y[b, t, c] = sum_{s <= t} k[c, t - s] * u[b, s, c]`` plus a skip
+(the convolution itself: :func:`~mecheval.models.ops.long_conv.causal_long_conv`).
 
 Two implicit filters parametrise the kernel, each as the paper's code builds it:
 
@@ -37,14 +15,18 @@ Two implicit filters parametrise the kernel, each as the paper's code builds it:
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
 from torch import nn
 
 from mecheval.models.mixers.base import mark_inert
-from mecheval.models.ops.long_conv import causal_long_conv
+from mecheval.models.ops.long_conv import (
+    causal_long_conv,
+    decay_window,
+    positional_features,
+    window_decay_rates,
+)
 from mecheval.models.sites import Site
 
 
@@ -62,24 +44,6 @@ class Sin(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.sin(self.freq * x)
-
-
-def positional_features(l_max: int, emb_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Hyena's filter input: ``z [1, l_max, emb_dim]`` = [t, Re e^{-i f w}, Im e^{-i f w}] and
-    the normalised time ``t [1, l_max, 1]`` in [0, 1].
-
-    ``bands = (emb_dim - 1) // 2`` frequencies ``f = linspace(1e-4, bands - 1, bands)`` at
-    angles ``w = 2 pi n / l_max``. (With the default emb_dim = 3 there is a single band at
-    f = 1e-4, i.e. almost-constant features: that is what zoology computes.)
-    """
-    if emb_dim < 3 or emb_dim % 2 == 0:
-        raise ValueError(f"emb_dim: must be odd and >= 3 (time, cos, sin), got {emb_dim}")
-    t = torch.linspace(0, 1, l_max)[None, :, None]
-    bands = (emb_dim - 1) // 2
-    w = 2 * math.pi * torch.arange(l_max, dtype=torch.float32)[None, :, None] / l_max
-    f = torch.linspace(1e-4, bands - 1, bands)[None, None]
-    z = torch.exp(-1j * f * w)
-    return torch.cat([t, z.real, z.imag], dim=-1), t
 
 
 def _check_length(length: int, l_max: int) -> None:
@@ -119,11 +83,8 @@ class ImplicitFilter(nn.Module):
         else:
             self.register_buffer("z", z, persistent=False)
         self.register_buffer("t", t, persistent=False)
-        max_decay = math.log(target) / fast_decay_pct
-        min_decay = math.log(target) / slow_decay_pct
-        self.register_buffer(
-            "deltas", torch.linspace(min_decay, max_decay, channels)[None, None], persistent=False
-        )
+        deltas = window_decay_rates(channels, fast_decay_pct, slow_decay_pct, target)
+        self.register_buffer("deltas", deltas, persistent=False)
         # One Sin module reused after every hidden layer: the original shares its frequency.
         act = Sin(order, frequency)
         layers: list[nn.Module] = [nn.Linear(emb_dim, order), act]
@@ -135,7 +96,7 @@ class ImplicitFilter(nn.Module):
     def forward(self, length: int) -> torch.Tensor:
         _check_length(length, self.l_max)
         h = self.mlp(self.z[:, :length])  # [1, L, C]
-        h = h * (torch.exp(-self.t[:, :length] * self.deltas.abs()) + self.shift)
+        h = h * decay_window(self.t[:, :length], self.deltas, self.shift)
         return h[0].transpose(0, 1)  # [C, L]
 
     def reset_special(self) -> None:

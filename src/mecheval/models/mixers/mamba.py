@@ -55,7 +55,33 @@ class MambaOptions(BaseModel):
         return self
 
 
-class Mamba(Mixer):
+class SelectiveSSM(Mixer):
+    """What Mamba and Mamba-2 share: ``options.d_conv`` sizes the optional short conv (``conv``)
+    before the SSM, A = -exp(A_log), and Δ's init through the bias added before its softplus
+    (``options.dt_min``, ``dt_max``, ``dt_init_floor``)."""
+
+    @property
+    def has_conv(self) -> bool:
+        return self.options.d_conv is not None
+
+    def A(self) -> torch.Tensor:
+        return -torch.exp(self.A_log)
+
+    def prefix_halo(self) -> int:
+        """The conv reads d_conv - 1 inputs before the cut (Mixer.prefix_halo)."""
+        return self.options.d_conv - 1 if self.has_conv else 0
+
+    @torch.no_grad()
+    def init_dt_bias(self, bias: torch.Tensor) -> None:
+        """Δ = softplus(bias) at zero input: dt log-uniform in [dt_min, dt_max], floored at
+        dt_init_floor, then bias = softplus^{-1}(dt) (mamba_ssm's init of each)."""
+        o = self.options
+        log_dt = torch.rand(bias.shape[0]) * (math.log(o.dt_max) - math.log(o.dt_min))
+        dt = torch.exp(log_dt + math.log(o.dt_min)).clamp(min=o.dt_init_floor)
+        bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+
+
+class Mamba(SelectiveSSM):
     def __init__(self, d_model: int, options: MambaOptions) -> None:
         super().__init__()
         if options.d_conv is not None and options.d_conv < 1:
@@ -76,20 +102,13 @@ class Mamba(Mixer):
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=options.bias)
         self.init_special()
 
-    @property
-    def has_conv(self) -> bool:
-        return self.options.d_conv is not None
-
     @torch.no_grad()
     def init_special(self) -> None:
-        o = self.options
         # dt_proj: weight keeps Δ's initial spread independent of dt_rank; the bias is
         # softplus^{-1}(dt) with dt log-uniform in [dt_min, dt_max], so Δ starts in that range.
-        bound = self.dt_rank**-0.5 * o.dt_scale
+        bound = self.dt_rank**-0.5 * self.options.dt_scale
         nn.init.uniform_(self.dt_proj.weight, -bound, bound)
-        log_dt = torch.rand(self.d_inner) * (math.log(o.dt_max) - math.log(o.dt_min))
-        dt = torch.exp(log_dt + math.log(o.dt_min)).clamp(min=o.dt_init_floor)
-        self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+        self.init_dt_bias(self.dt_proj.bias)
         # S4D-real: A_n = -(n + 1) for every channel.
         a = torch.arange(1, self.d_state + 1, dtype=torch.float32)
         self.A_log.copy_(torch.log(a).expand(self.d_inner, -1))
@@ -107,9 +126,6 @@ class Mamba(Mixer):
         delta = F.softplus(self.dt_proj(dt))
         return x, delta, b, c, z
 
-    def A(self) -> torch.Tensor:
-        return -torch.exp(self.A_log)
-
     def recurrent_state_size(self, seq_len: int) -> int:
         return self.d_inner * self.d_state
 
@@ -120,9 +136,6 @@ class Mamba(Mixer):
 
     # Resuming from a prefix (Mixer.prefix_states): the state is the SSM's h after each
     # position, [B, T, d_inner, N]; the conv reads d_conv - 1 inputs before the cut.
-    def prefix_halo(self) -> int:
-        return 0 if self.options.d_conv is None else self.options.d_conv - 1
-
     def prefix_states(self, x: torch.Tensor) -> torch.Tensor:
         return self._scan_from(x, 0, None, keep=True)[1].transpose(0, 1)
 

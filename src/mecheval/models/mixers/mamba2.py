@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from torch import nn
 
-from mecheval.models.mixers.base import Mixer
+from mecheval.models.mixers.mamba import SelectiveSSM
 from mecheval.models.mixers.modules import GatedRMSNorm, ShortConv
 from mecheval.models.ops.ssd import ssd_chunked, ssd_recurrent
 
@@ -103,7 +103,7 @@ def default_headdim(d_inner: int) -> int:
     return math.gcd(REFERENCE_HEADDIM, d_inner)
 
 
-class Mamba2(Mixer):
+class Mamba2(SelectiveSSM):
     def __init__(self, d_model: int, options: Mamba2Options) -> None:
         super().__init__()
         o = options
@@ -138,18 +138,11 @@ class Mamba2(Mixer):
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=o.bias)
         self.init_special()
 
-    @property
-    def has_conv(self) -> bool:
-        return self.options.d_conv is not None
-
     @torch.no_grad()
     def init_special(self) -> None:
-        o = self.options
         # Δ = softplus(dt_bias) at zero input: log-uniform in [dt_min, dt_max], floored.
-        log_dt = torch.rand(self.nheads) * (math.log(o.dt_max) - math.log(o.dt_min))
-        dt = torch.exp(log_dt + math.log(o.dt_min)).clamp(min=o.dt_init_floor)
-        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
-        self.A_log.copy_(torch.log(torch.empty(self.nheads).uniform_(*o.A_init_range)))
+        self.init_dt_bias(self.dt_bias)
+        self.A_log.copy_(torch.log(torch.empty(self.nheads).uniform_(*self.options.A_init_range)))
         self.D.fill_(1.0)
         self.norm.weight.fill_(1.0)
 
@@ -169,9 +162,6 @@ class Mamba2(Mixer):
         c = c.view(batch, length, self.ngroups, self.d_state)
         delta = F.softplus(dt + self.dt_bias)
         return x, delta, b, c, z
-
-    def A(self) -> torch.Tensor:
-        return -torch.exp(self.A_log)
 
     def finish(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """SSD output [batch, T, H, P] and gate z -> mixer output [batch, T, d]."""
@@ -193,9 +183,6 @@ class Mamba2(Mixer):
     # Resuming from a prefix (Mixer.prefix_states): h after each position, by the recurrence.
     has_recurrent_state = True
     resume_from_prefix = False  # recomputing the window is faster (Mixer.resume_from_prefix)
-
-    def prefix_halo(self) -> int:
-        return self.options.d_conv - 1 if self.has_conv else 0
 
     def prefix_states(self, u: torch.Tensor) -> torch.Tensor:
         x, delta, b, c, _ = self.ssd_inputs(u)

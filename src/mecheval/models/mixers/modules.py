@@ -1,7 +1,10 @@
-"""Pieces several mixers share, as fla's ``modules/``: the causal short convolution (and the
-switch that removes it) and the gated RMSNorm of Mamba-2, Gated DeltaNet and GLA."""
+"""The mixers' building blocks, as fla's ``modules/``: the causal short convolution (and the
+switch that removes it), the gated RMSNorm of Mamba-2, Gated DeltaNet and GLA, the gated
+output of GLA and RetNet, and Hawk's block-diagonal Linear."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -69,6 +72,17 @@ def optional_conv(channels: int, kernel_size: int | None, bias: bool = True) -> 
     return nn.Identity() if kernel_size is None else ShortConv(channels, kernel_size, bias)
 
 
+def gated_head_output(
+    o: torch.Tensor, gate: torch.Tensor, norm: nn.Module, out_proj: nn.Module
+) -> torch.Tensor:
+    """fla's output stage of GLA and RetNet: a recurrence's output o [B, H, T, e], normalised
+    per head by ``norm`` (over e), times SiLU(gate) (gate [B, T, H * e]), through ``out_proj``
+    -> [B, T, d]."""
+    b, h, t, e = o.shape
+    o = norm(o.transpose(1, 2)) * F.silu(gate.view(b, t, h, e))
+    return out_proj(o.reshape(b, t, h * e))
+
+
 class GatedRMSNorm(nn.Module):
     """RMSNorm with a SiLU gate, over groups of ``group_size`` channels (weight over all).
 
@@ -95,3 +109,26 @@ class GatedRMSNorm(nn.Module):
         if gate is not None and self.norm_before_gate:
             x = x * F.silu(gate)
         return x
+
+
+class BlockDiagonalLinear(nn.Module):
+    """The reference's ``BlockDiagonalLinear``: ``num_blocks`` independent [bw, bw] Linears on
+    consecutive slices of the width, with bias; weights N(0, 1 / bw), biases 0."""
+
+    def __init__(self, width: int, num_blocks: int) -> None:
+        super().__init__()
+        self.num_blocks = num_blocks
+        self.block_width = width // num_blocks
+        self.w = nn.Parameter(torch.empty(num_blocks, self.block_width, self.block_width))
+        self.b = nn.Parameter(torch.empty(num_blocks, self.block_width))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.w, mean=0.0, std=math.sqrt(1.0 / self.block_width))
+        nn.init.zeros_(self.b)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        *lead, width = x.shape
+        x = x.reshape(*lead, self.num_blocks, self.block_width)
+        y = torch.einsum("...hi,hij->...hj", x, self.w) + self.b
+        return y.reshape(*lead, width)

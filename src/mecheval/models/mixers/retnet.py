@@ -37,11 +37,11 @@ a few hundred here); :func:`retention_recurrent` is the step-by-step recurrence 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer
+from mecheval.models.mixers.modules import gated_head_output
 from mecheval.models.ops.retention import retention_decays, retention_parallel, retention_recurrent
 
 
@@ -110,10 +110,7 @@ class RetNet(Mixer):
 
     def finish(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Retention output o [B, H, T, d_v/H] -> mixer output [B, T, d]."""
-        b, _, t, _ = o.shape
-        gate = self.g_proj(x).view(b, t, self.num_heads, self.head_v_dim)
-        o = self.g_norm_swish_gate(o.transpose(1, 2)) * F.silu(gate)
-        return self.o_proj(o.reshape(b, t, self.value_dim))
+        return gated_head_output(o, self.g_proj(x), self.g_norm_swish_gate, self.o_proj)
 
     def recurrent_state_size(self, seq_len: int) -> int:
         return self.num_heads * self.head_k_dim * self.head_v_dim

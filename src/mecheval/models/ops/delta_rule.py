@@ -6,9 +6,12 @@ chunked (WY) form the module runs, as fla's ``ops/delta_rule`` (``naive`` and ``
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from mecheval.models.ops.decay import balanced_chunks, pad_steps
+from mecheval.models.ops.steps import run_steps
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -32,16 +35,27 @@ def delta_rule_recurrent(
     b, h, length, d_k = k.shape
     # S maps keys to values: S k ≈ v
     state = k.new_zeros(b, h, v.shape[-1], d_k)
-    outs, states = [], []
-    for t in range(length):
-        k_t, v_t, q_t = k[:, :, t], v[:, :, t], q[:, :, t]
-        predicted = (state @ k_t[..., None])[..., 0]
-        error = beta[:, :, t, None] * (v_t - predicted)
-        state = state + error[..., :, None] * k_t[..., None, :]
-        outs.append((state @ q_t[..., None])[..., 0])
-        states.append(state)
-    o = torch.stack(outs, dim=2)
-    return (o, torch.stack(states, dim=1)) if keep else o
+
+    def update(t: int, state: torch.Tensor) -> torch.Tensor:
+        return delta_update(state, k[:, :, t], v[:, :, t], beta[:, :, t])
+
+    return run_steps(length, state, update, partial(read_state, q), 2, keep)
+
+
+def delta_update(
+    state: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, beta_t: torch.Tensor
+) -> torch.Tensor:
+    """One step of the delta rule: S + β (v - S k) kᵀ, for the state S [..., d_v, d_k], k_t
+    [..., d_k], v_t [..., d_v] and β_t [...]: the state corrects what it predicts for k_t
+    towards v_t by the step size β_t."""
+    predicted = (state @ k_t[..., None])[..., 0]
+    error = beta_t[..., None] * (v_t - predicted)
+    return state + error[..., :, None] * k_t[..., None, :]
+
+
+def read_state(q: torch.Tensor, t: int, state: torch.Tensor) -> torch.Tensor:
+    """The output S q_t at step t of a state S [B, H, d_v, d_k] that maps keys to values."""
+    return (state @ q[:, :, t][..., None])[..., 0]
 
 
 class _UnitLowerInverse(torch.autograd.Function):

@@ -6,10 +6,13 @@ the chunked form the module runs, as fla's ``ops/gated_delta_rule``.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from mecheval.models.ops.decay import balanced_chunks, pad_steps, segment_sums
-from mecheval.models.ops.delta_rule import unit_lower_inverse
+from mecheval.models.ops.delta_rule import delta_update, read_state, unit_lower_inverse
+from mecheval.models.ops.steps import run_steps
 
 
 def gated_delta_rule_recurrent(
@@ -33,18 +36,12 @@ def gated_delta_rule_recurrent(
     b, h, length, d_k = k.shape
     # S maps keys to values: S k ≈ v
     state = k.new_zeros(b, h, v.shape[-1], d_k) if initial is None else initial
-    outs, states = [], []
-    for t in range(length):
-        k_t, v_t, q_t = k[:, :, t], v[:, :, t], q[:, :, t]
-        if t or not replace_first:
-            state = torch.exp(g[:, :, t])[..., None, None] * state
-            predicted = (state @ k_t[..., None])[..., 0]
-            error = beta[:, :, t, None] * (v_t - predicted)
-            state = state + error[..., :, None] * k_t[..., None, :]
-        outs.append((state @ q_t[..., None])[..., 0])
-        states.append(state)
-    o = torch.stack(outs, dim=2)
-    return (o, torch.stack(states, dim=1)) if keep else o
+
+    def update(t: int, state: torch.Tensor) -> torch.Tensor:
+        state = torch.exp(g[:, :, t])[..., None, None] * state
+        return delta_update(state, k[:, :, t], v[:, :, t], beta[:, :, t])
+
+    return run_steps(length, state, update, partial(read_state, q), 2, keep, replace_first)
 
 
 def gated_delta_rule_chunked(

@@ -11,6 +11,7 @@ import math
 import torch
 
 from mecheval.models.ops.decay import balanced_chunks, pad_steps
+from mecheval.models.ops.steps import run_steps
 
 
 def gla_recurrent(
@@ -32,15 +33,15 @@ def gla_recurrent(
     """
     b, h, length, d_k = k.shape
     state = k.new_zeros(b, h, d_k, v.shape[-1]) if initial is None else initial
-    outs, states = [], []
-    for t in range(length):
-        if t or not replace_first:
-            decayed = torch.exp(g[:, :, t, :, None]) * state
-            state = decayed + k[:, :, t, :, None] * v[:, :, t, None]
-        outs.append((q[:, :, t, :, None] * state).sum(-2))
-        states.append(state)
-    o = torch.stack(outs, dim=2)
-    return (o, torch.stack(states, dim=1)) if keep else o
+
+    def update(t: int, state: torch.Tensor) -> torch.Tensor:
+        decayed = torch.exp(g[:, :, t, :, None]) * state
+        return decayed + k[:, :, t, :, None] * v[:, :, t, None]
+
+    def read(t: int, state: torch.Tensor) -> torch.Tensor:
+        return (q[:, :, t, :, None] * state).sum(-2)
+
+    return run_steps(length, state, update, read, 2, keep, replace_first)
 
 
 def _span_masks(

@@ -1,18 +1,25 @@
 """H3's kernels: the shift SSM's kernel K[c, j] = Σ_m B[c, m] C[c, m + j] and the diagonal SSM's
-Vandermonde product.
+kernel K[h, l] = 2 Re Σ_n C_n dB_n dA_n^l, from the parameters of each.
 
-:func:`shift_kernel_direct` and :func:`vandermonde` are the readable forms; the autograd
-functions beside them run the same sums in C in a CPU training step.
+:func:`shift_kernel` chooses between the direct correlation (:func:`shift_kernel_direct`) and
+an FFT. :func:`diag_ssm_discretize` is the diagonal SSM's discretisation in complex arithmetic
+(the readable form); :func:`diag_ssm_kernel` the same in real arithmetic, straight to the
+Vandermonde product (:func:`vandermonde`). The autograd functions beside them run the same
+sums in C in a CPU training step.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
 from mecheval.models import native
+
+#: Kernel lengths up to which :func:`shift_kernel` sums each lag directly rather than by FFT.
+DIRECT_LAGS = 48
 
 #: :func:`shift_kernel_direct` in a training step by ``csrc/shift_kernel.c``
 #: (models/native.py): oneDNN's depthwise conv1d took ~0.25 ms per call for these
@@ -24,10 +31,27 @@ _NativeShiftKernel = native.autograd_function(
 )
 
 
+def shift_kernel(b: torch.Tensor, c: torch.Tensor, length: int) -> torch.Tensor:
+    """K[ch, j] = sum_m b[ch, m] c[ch, m + j], j < min(N, length): ``[C, N], [C, N] ->
+    [C, min(N, length)]``, the shift SSM's kernel.
+
+    Up to :data:`DIRECT_LAGS` lags, a direct correlation (:func:`shift_kernel_direct`, cost
+    ~L N per channel); beyond, a correlation by FFT of size 2N, whose cost does not shrink
+    with L (at the quick presets' T ~ 11-24 it was a tenth of H3's training step)."""
+    n_state = b.shape[-1]
+    lags = min(n_state, length)
+    if lags <= DIRECT_LAGS:
+        return shift_kernel_direct(b, c, lags)
+    n = 2 * n_state  # no wrap-around: m + j < 2N
+    b_f = torch.fft.rfft(b, n=n)
+    c_f = torch.fft.rfft(c, n=n)
+    return torch.fft.irfft(b_f.conj() * c_f, n=n)[:, :lags]
+
+
 def shift_kernel_direct(b: torch.Tensor, c: torch.Tensor, lags: int) -> torch.Tensor:
     """``K[ch, j] = sum_m b[ch, m] c[ch, m + j]`` for j < lags (c zero beyond its N slots):
     ``[C, N], [C, N] -> [C, lags]``, the shift SSM's kernel as a direct correlation, in the
-    parameters' dtype (a function of the parameters alone; see DiagSSMKernel.forward)."""
+    parameters' dtype (a function of the parameters alone; see :func:`diag_ssm_kernel`)."""
     with torch.autocast(b.device.type, enabled=False):
         if native.for_training("shift_kernel", b, c):
             return _NativeShiftKernel.apply(b.contiguous(), c.contiguous(), lags)
@@ -65,6 +89,101 @@ class _ShiftKernel(torch.autograd.Function):
         b_padded = F.pad(b, (lags - 1, 0)).unsqueeze(0)
         grad_c = F.conv1d(b_padded, grad.flip(-1).unsqueeze(1), groups=channels)[0]
         return grad_b, grad_c, None
+
+
+def diag_ssm_discretize(
+    log_dt: torch.Tensor,
+    inv_a_real: torch.Tensor,
+    a_imag: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    discretization: Literal["bilinear", "zoh"] = "bilinear",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The S4D-Lin diagonal SSM discretised: log dt [H], log(-Re A) and Im A [H, N/2], B and C
+    [H, N/2, 2] (complex as (real, imaginary) pairs) -> (dA, dB, C), each complex ``[H, N/2]``:
+    x_t = dA x_{t-1} + dB u_t, y_t = 2 Re C.x_t. Bilinear (zoology's default) or ZOH."""
+    dt = torch.exp(log_dt).unsqueeze(-1)
+    a = torch.complex(-torch.exp(inv_a_real), a_imag)
+    b = torch.view_as_complex(b)
+    c = torch.view_as_complex(c)
+    dta = a * dt
+    if discretization == "zoh":
+        return torch.exp(dta), b * (torch.exp(dta) - 1.0) / a, c
+    return (1.0 + dta / 2) / (1.0 - dta / 2), b * dt / (1.0 - dta / 2), c
+
+
+def diag_ssm_kernel(
+    log_dt: torch.Tensor,
+    inv_a_real: torch.Tensor,
+    a_imag: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    length: int,
+    discretization: Literal["bilinear", "zoh"] = "bilinear",
+) -> torch.Tensor:
+    """The diagonal SSM's kernel K[h, l] = 2 Re sum_n C_n dB_n dA_n^l for l < length, ``[H, L]``
+    (parameters as :func:`diag_ssm_discretize` takes them).
+
+    The kernel is a function of the parameters alone (no activations): always computed in
+    float32, as mixed-precision SSMs do. Under a bf16 autocast its matmul would otherwise run
+    in bf16, and _Vandermonde's backward (run outside autocast) would then meet a bf16
+    gradient and float32 powers."""
+    # :func:`diag_ssm_discretize` written out in real arithmetic, straight to what the
+    # Vandermonde product takes: C dB (real, imaginary) and log dA = log|dA| + i arg(dA).
+    # Complex autograd ops (division, the complex log) on these [H, N/2] tensors cost more than
+    # the product itself at T ~ 10-35 on the CPU. dt A = x + i y.
+    with torch.autocast(log_dt.device.type, enabled=False):
+        dt = torch.exp(log_dt).unsqueeze(-1)
+        a_re, a_im = -torch.exp(inv_a_real), a_imag
+        x, y = a_re * dt, a_im * dt
+        b_re, b_im = b.unbind(-1)
+        c_re, c_im = c.unbind(-1)
+        if discretization == "zoh":
+            # dA = e^x (cos y + i sin y); dB = B (dA - 1) / A.
+            log_abs, arg = x, y
+            ex = torch.exp(x)
+            f_re, f_im = ex * torch.cos(y) - 1.0, ex * torch.sin(y)  # dA - 1
+            a_norm = a_re * a_re + a_im * a_im
+            g_re = (f_re * a_re + f_im * a_im) / a_norm  # (dA - 1) / A
+            g_im = (f_im * a_re - f_re * a_im) / a_norm
+        else:
+            # dA = (1 + dtA/2) / (1 - dtA/2) = (1 - |dtA|^2/4 + i y) / den,
+            # dB = B dt / (1 - dtA/2) = B dt ((1 - x/2) + i y/2) / den, den = |1 - dtA/2|^2.
+            half_x, half_y = x / 2, y / 2
+            den = (1 - half_x) ** 2 + half_y**2
+            log_abs = 0.5 * (torch.log((1 + half_x) ** 2 + half_y**2) - torch.log(den))
+            arg = torch.atan2(y, 1 - half_x**2 - half_y**2)
+            g_re, g_im = dt * (1 - half_x) / den, dt * half_y / den
+        db_re, db_im = b_re * g_re - b_im * g_im, b_re * g_im + b_im * g_re
+        cb_re, cb_im = c_re * db_re - c_im * db_im, c_re * db_im + c_im * db_re
+        return vandermonde(cb_re, cb_im, log_abs, arg, length)
+
+
+def by_head(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """[B, T, h * p] -> [B, T, p, h]: x[b, t, h * p + i], copied so that the head index is
+    contiguous."""
+    b, t, _ = x.shape
+    return x.view(b, t, n_heads, -1).transpose(2, 3).contiguous()
+
+
+def head_outer(k: torch.Tensor, v: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """The diagonal SSM's input: the heads' outer products k' v, [B, T, h * p] each ->
+    [B, T, p * p * h]."""
+    # Channels laid out (i, j, head): channel (i, j, h) = k'[h, i] * v[h, j]. With the
+    # head innermost, the products and the sum over i run over contiguous memory (laid
+    # out (h, i, j), a 2 x 2 trailing block, they took a quarter of H3's training step);
+    # each channel is convolved with its head's kernel.
+    kv = by_head(k, n_heads).unsqueeze(3) * by_head(v, n_heads).unsqueeze(2)  # [B, T, i, j, h]
+    return kv.reshape(*k.shape[:2], -1)
+
+
+def head_readout(y: torch.Tensor, q: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """y_j = sum_i q_i SSM(k' v)_ij per head: the diagonal SSM's output y [B, S, p * p * h]
+    (channels as :func:`head_outer` lays them out) and q [B, S, h * p] -> [B, S, p * h],
+    laid out (j, head), as zoology's output."""
+    b, s, d = q.shape
+    p = d // n_heads
+    return (y.view(b, s, p, p, n_heads) * by_head(q, n_heads).unsqueeze(3)).sum(2).reshape(b, s, d)
 
 
 def vandermonde(

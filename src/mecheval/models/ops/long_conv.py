@@ -1,11 +1,35 @@
-"""Causal depthwise long convolutions y[t] = Σ_{s ≤ t} k[t - s] u[s] (Hyena, BaseConv, H3).
+"""Causal depthwise long convolutions y[t] = Σ_{s ≤ t} k[t - s] u[s] (Hyena, BaseConv, H3),
+and the arithmetic of the implicit filters that parametrise their kernels.
 
-:func:`direct_causal_conv` is the time-domain reference; :func:`fft_causal_conv` (a GPU) and
-:func:`toeplitz_causal_conv` (a CPU, short sequences) the fast forms; :func:`causal_long_conv`
-chooses among them and the C direct sum.
+A long convolution mixes channel ``c`` of ``u [B, T, C]`` with its own kernel ``k[c]``:
+``y[b, t, c] = sum_{s <= t} k[c, t - s] * u[b, s, c]``. :func:`direct_causal_conv` is the
+time-domain reference; the others compute the same function:
+
+* :func:`fft_causal_conv` zero-pads to ``2T`` so the FFT's circular convolution equals the
+  linear (hence causal) one on ``[0, T)``; O(T log T).
+* :func:`direct_causal_conv` is a depthwise ``conv1d`` with ``T - 1`` left zero padding;
+  O(T^2). Its output at ``t`` is computed from inputs ``<= t`` only, so it is *bitwise*
+  causal, whereas FFT rounding spreads ~1e-7 of every input over all positions.
+* :func:`toeplitz_causal_conv` multiplies by the lower-triangular Toeplitz matrix
+  ``M[c, t, s] = k[c, t - s]``; O(T^2) like the direct form and causal in the same bitwise
+  sense for finite inputs (a later input meets an exact zero, and adding ``0 * u = +-0`` to
+  a partial sum leaves it unchanged), but a batched matrix product, whose forward and
+  backward are several times faster on a CPU than the depthwise conv's at T <= ~100.
+
+:func:`causal_long_conv` is what the mixers call: on the CPU, where the intervention tests
+demand bitwise causality and the sequences are short, the Toeplitz product up to
+:data:`TOEPLITZ_MAX_LEN` positions and the direct form beyond (the [C, T, T] matrix grows
+quadratically), in a training step up to that length the direct sum in C
+(``csrc/long_conv.c``, models/native.py); the FFT on a GPU, where speed matters
+(tests/test_mixers_conv.py checks that they compute the same function).
+
+The implicit filters (models/mixers/long_conv.py) read :func:`positional_features`, and
+Hyena's multiplies its MLP's output by :func:`decay_window`.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -99,3 +123,38 @@ def native_causal_conv(u: torch.Tensor, taps: torch.Tensor) -> torch.Tensor | No
     if not native.for_training("long_conv", u, taps):
         return None
     return _NativeCausalConv.apply(u.contiguous(), taps.contiguous())
+
+
+def positional_features(l_max: int, emb_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hyena's filter input: ``z [1, l_max, emb_dim]`` = [t, Re e^{-i f w}, Im e^{-i f w}] and
+    the normalised time ``t [1, l_max, 1]`` in [0, 1].
+
+    ``bands = (emb_dim - 1) // 2`` frequencies ``f = linspace(1e-4, bands - 1, bands)`` at
+    angles ``w = 2 pi n / l_max``. (With the default emb_dim = 3 there is a single band at
+    f = 1e-4, i.e. almost-constant features: that is what zoology computes.)
+    """
+    if emb_dim < 3 or emb_dim % 2 == 0:
+        raise ValueError(f"emb_dim: must be odd and >= 3 (time, cos, sin), got {emb_dim}")
+    t = torch.linspace(0, 1, l_max)[None, :, None]
+    bands = (emb_dim - 1) // 2
+    w = 2 * math.pi * torch.arange(l_max, dtype=torch.float32)[None, :, None] / l_max
+    f = torch.linspace(1e-4, bands - 1, bands)[None, None]
+    z = torch.exp(-1j * f * w)
+    return torch.cat([t, z.real, z.imag], dim=-1), t
+
+
+def window_decay_rates(
+    channels: int, fast_decay_pct: float, slow_decay_pct: float, target: float
+) -> torch.Tensor:
+    """Hyena's per-channel decay rates, [1, 1, channels]: evenly spaced from the rate at which
+    the window falls to ``target`` at ``slow_decay_pct`` of the (normalised) length to the one
+    at which it does so at ``fast_decay_pct``."""
+    max_decay = math.log(target) / fast_decay_pct
+    min_decay = math.log(target) / slow_decay_pct
+    return torch.linspace(min_decay, max_decay, channels)[None, None]
+
+
+def decay_window(t: torch.Tensor, deltas: torch.Tensor, shift: float) -> torch.Tensor:
+    """Hyena's exponential-decay modulation of its filter, ``exp(-t |delta_c|) + shift``:
+    normalised time t [1, L, 1] and decay rates [1, 1, C] -> [1, L, C]."""
+    return torch.exp(-t * deltas.abs()) + shift

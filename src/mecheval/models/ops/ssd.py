@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from mecheval.models.ops.decay import balanced_chunks, pad_steps, segment_sums
+from mecheval.models.ops.steps import run_steps
 
 
 def ssd_recurrent(
@@ -38,16 +39,16 @@ def ssd_recurrent(
     B = B.repeat_interleave(per_group, dim=2)  # [batch, T, H, N]
     C = C.repeat_interleave(per_group, dim=2)
     state = x.new_zeros(batch, heads, p, B.shape[-1]) if initial is None else initial
-    ys, states = [], []
-    for t in range(length):
-        if t or not replace_first:
-            decay = torch.exp(dt[:, t] * A)[..., None, None]
-            drive = (dt[:, t, :, None] * x[:, t])[..., None] * B[:, t, :, None, :]
-            state = decay * state + drive
-        ys.append((state * C[:, t, :, None, :]).sum(-1) + D[:, None] * x[:, t])
-        states.append(state)
-    y = torch.stack(ys, dim=1)
-    return (y, torch.stack(states, dim=1)) if keep else y
+
+    def update(t: int, state: torch.Tensor) -> torch.Tensor:
+        decay = torch.exp(dt[:, t] * A)[..., None, None]
+        drive = (dt[:, t, :, None] * x[:, t])[..., None] * B[:, t, :, None, :]
+        return decay * state + drive
+
+    def read(t: int, state: torch.Tensor) -> torch.Tensor:
+        return (state * C[:, t, :, None, :]).sum(-1) + D[:, None] * x[:, t]
+
+    return run_steps(length, state, update, read, 1, keep, replace_first)
 
 
 def ssd_chunked(

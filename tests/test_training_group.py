@@ -21,7 +21,7 @@ from mecheval.models import ARCHITECTURES, registry
 from mecheval.models.mixers.base import Mixer
 from mecheval.tasks import build_datasets
 from mecheval.training import group as group_module
-from mecheval.training import read_status, resolve, train
+from mecheval.training import group_trainer, read_status, resolve, train
 from mecheval.training.config import total_steps
 from mecheval.training.group import GroupTrainer, groupable, train_group
 from mecheval.training.stacked import StackedAdamW, clip_grad_norms_
@@ -101,10 +101,10 @@ class StackSpy:
 @pytest.fixture
 def spy(monkeypatch) -> StackSpy:
     """Spies on the stacked path (GroupTrainer.train_step and the vmapped gradient function
-    group.py builds with ``torch.func.vmap``) and on the per-model ones (``train_run()`` as
+    group_trainer.py builds with ``torch.func.vmap``) and on the per-model ones (``train_run()`` as
     group.py calls it, ``Trainer.train_step``)."""
     spy = StackSpy()
-    vmap, stacked_step = group_module.vmap, GroupTrainer.train_step
+    vmap, stacked_step = group_trainer.vmap, GroupTrainer.train_step
     single_step, single_train = Trainer.train_step, group_module.train_run
 
     def spying_vmap(fn, *args, **kwargs):
@@ -136,7 +136,7 @@ def spy(monkeypatch) -> StackSpy:
             spy.fallback.append(run.run_dir)
         return single_train(run, *args, **kwargs)
 
-    monkeypatch.setattr(group_module, "vmap", spying_vmap)
+    monkeypatch.setattr(group_trainer, "vmap", spying_vmap)
     monkeypatch.setattr(GroupTrainer, "train_step", spying_stacked_step)
     monkeypatch.setattr(Trainer, "train_step", spying_single_step)
     monkeypatch.setattr(group_module, "train_run", spying_train)

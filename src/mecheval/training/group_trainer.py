@@ -1,0 +1,368 @@
+"""The stacked trainer of a group (see group.py for what a group is and why): K same-shaped
+runs, each an ordinary Trainer, whose training step is one vmapped call over their stacked
+parameters; and which runs may form a group (:func:`groupable`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.func import grad_and_value, stack_module_state, vmap
+
+from mecheval.tasks import Batch
+from mecheval.tasks.batch import ANSWER_POSITIONS, ANSWERS
+from mecheval.training.checkpoint import save_checkpoint
+from mecheval.training.config import RunConfig, config_to_data
+from mecheval.training.metrics import answer_loss, multi_answer_loss
+from mecheval.training.precision import autocast, rounding_eps, tf32
+from mecheval.training.reporter import NullReporter, Reporter
+from mecheval.training.stacked import (
+    Functional,
+    StackedAdamW,
+    Tensors,
+    clip_grad_norms_,
+    pad_stack,
+)
+from mecheval.training.trainer import Callback, Diverged, Trainer, divergence
+
+#: Training fields that may differ within a group: each member gets its own value.
+PER_RUN_FIELDS = ("lr", "seed", "weight_decay", "grad_clip", "keep_checkpoint")
+
+
+# ----------------------------------------------------------------------------- grouping
+
+
+def group_key(cfg: RunConfig) -> str:
+    """What members of a group share: the (resolved) config without name and per-run
+    fields."""
+    data = config_to_data(cfg)
+    data.pop("name", None)
+    for key in PER_RUN_FIELDS:
+        data["training"].pop(key, None)
+    return json.dumps(data, sort_keys=True)
+
+
+def groupable(cfgs: Sequence[RunConfig], max_size: int | None = None) -> list[list[int]]:
+    """Partition ``cfgs`` (resolved configs, as a :class:`ResolvedRun` holds; by index, in
+    order of first appearance) into groups that can train together: same task, model, batch
+    size, steps, schedule shape, evaluation and ``train_queries``; lr, seed, weight decay and
+    clipping may differ. ``max_size`` splits larger groups into chunks (memory grows with the
+    group)."""
+    if max_size is not None and max_size < 1:
+        raise ValueError(f"max_size: expected >= 1, got {max_size}")
+    groups: dict[str, list[int]] = {}
+    for index, cfg in enumerate(cfgs):
+        groups.setdefault(group_key(cfg), []).append(index)
+    out: list[list[int]] = []
+    for members in groups.values():
+        size = max_size or len(members)
+        out.extend(members[i : i + size] for i in range(0, len(members), size))
+    return out
+
+
+# ----------------------------------------------------------------------------- the group
+
+
+class GroupTrainer:
+    """K same-shaped runs trained in lockstep; see the module docstring.
+
+    ``cfgs`` must be resolved and pairwise :func:`groupable`; ``run_dirs`` one per config.
+    """
+
+    def __init__(
+        self,
+        cfgs: Sequence[RunConfig],
+        datasets: Mapping[str, Any],
+        run_dirs: Sequence[Path],
+        callbacks: Sequence[Callback] = (),
+        reporter: Reporter | None = None,
+    ) -> None:
+        if len({group_key(cfg) for cfg in cfgs}) != 1:
+            raise ValueError("GroupTrainer: the configs do not form one group (see groupable)")
+        self.cfgs = list(cfgs)
+        self.members = [
+            Trainer(cfg, datasets, Path(run_dir), callbacks, NullReporter())
+            for cfg, run_dir in zip(cfgs, run_dirs, strict=True)
+        ]
+        self.reporter = reporter or NullReporter()
+        first = self.members[0]
+        # One task, batch size and device: every member evaluates on the same batches.
+        for member in self.members[1:]:
+            member.eval_batches = first.eval_batches
+        self.t = first.t
+        self.total = first.total
+        self.step = 0
+        self.live = list(range(len(self.members)))  # members still training, in stack order
+        self.failed: dict[int, Diverged] = {}
+        # A private copy is the shell every functional call runs through: functional_call
+        # restores a module reachable under two names (the implicit filter's shared Sin) in
+        # the wrong order and leaves a vmapped tensor in it, so it must not be a member's model.
+        self.shell = copy.deepcopy(first.model)
+        params, buffers = stack_module_state([m.model for m in self.members])
+        self.params: Tensors = {n: p.detach() for n, p in params.items()}
+        self.buffers: Tensors = buffers
+        self.device = first.device
+        self._index = torch.arange(len(self.members), device=self.device)
+        # The param groups (names, decay) exactly as make_optimizer built each member's.
+        names = {id(p): n for n, p in first.model.named_parameters()}
+        groups = [[names[id(p)] for p in g["params"]] for g in first.optimizer.param_groups]
+        decay = [
+            [m.optimizer.param_groups[g]["weight_decay"] for m in self.members]
+            for g in range(len(groups))
+        ]
+        self.optimizer = StackedAdamW(self.params, groups, decay, self.t.betas, self.t.eps)
+        self._grad_fn = vmap(grad_and_value(self._loss))
+        self._grad_fn_multi = vmap(grad_and_value(self._multi_loss), in_dims=(0, 0, 0, None, 0))
+        self._grad_fn_dense = vmap(grad_and_value(self._multi_loss))
+
+    # ------------------------------------------------------------------ the vmapped step
+    def _loss(
+        self,
+        params: Tensors,
+        buffers: Tensors,
+        tokens: torch.Tensor,
+        query: torch.Tensor,
+        answer: torch.Tensor,
+    ) -> torch.Tensor:
+        model = Functional(self.shell, params, buffers)
+        # Autocast inside the differentiated function covers the forward only, as in
+        # Trainer.loss: grad_and_value runs the backward after this returns.
+        with autocast(self.t.precision, self.device):
+            return answer_loss(model, Batch(tokens, answer, {"query": query}))  # type: ignore[arg-type]
+
+    def _multi_loss(
+        self,
+        params: Tensors,
+        buffers: Tensors,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        answers: torch.Tensor,
+    ) -> torch.Tensor:
+        model = Functional(self.shell, params, buffers)
+        with autocast(self.t.precision, self.device):
+            return multi_answer_loss(model, tokens, positions, answers)  # type: ignore[arg-type]
+
+    def grads_and_losses(
+        self, params: Tensors, buffers: Tensors, batches: Sequence[Batch], step: int
+    ) -> tuple[Tensors, torch.Tensor]:
+        """Every stacked model's gradient and loss on its own batch (``batches[k]``), in
+        ``training.precision`` as Trainer.train_step (TF32 over forward and backward, bf16
+        autocast over the forward). ``training.compile`` is not applied: the stack trains
+        eagerly (its results are the same; only single runs are compiled)."""
+        with warnings.catch_warnings(), tf32(self.t.precision, self.device):
+            # vmap's per-slice fallback for ops without a batching rule: slower, still right.
+            warnings.filterwarnings("ignore", message="There is a performance drop")
+            if ANSWER_POSITIONS in batches[0].extras:
+                # Every answer of each document (MQAR), at each member's own positions.
+                return self._grad_fn_dense(
+                    params,
+                    buffers,
+                    pad_stack([b.tokens for b in batches]),
+                    torch.stack([b.extras[ANSWER_POSITIONS] for b in batches]),
+                    torch.stack([b.extras[ANSWERS] for b in batches]),
+                )
+            if self.t.train_queries == 1:
+                return self._grad_fn(
+                    params,
+                    buffers,
+                    pad_stack([b.tokens for b in batches]),
+                    torch.stack([b.query for b in batches]),
+                    torch.stack([b.answer for b in batches]),
+                )
+            # The same extra queries as Trainer.loss: drawn from (member seed, step).
+            extended = [
+                self.cfgs[0].task.extend_queries(
+                    b,
+                    self.t.train_queries,
+                    self.members[k].query_generator(step),
+                )
+                for k, b in zip(self.live, batches, strict=True)
+            ]
+            positions = extended[0][1]
+            if any(not torch.equal(e[1], positions) for e in extended):
+                raise ValueError("train_queries: members' query positions differ")
+            return self._grad_fn_multi(
+                params,
+                buffers,
+                torch.stack([e[0] for e in extended]),
+                positions,
+                torch.stack([e[2] for e in extended]),
+            )
+
+    def probe(self) -> str | None:
+        """None if the vmapped step matches plain autograd per model on two documents of two
+        members, else why not (the error, or the largest mismatch)."""
+        live = self.live[:2]
+        index = torch.tensor(live, device=self.device)
+        params = {n: p[index] for n, p in self.params.items()}
+        buffers = {n: b[index] for n, b in self.buffers.items()}
+        batches = [self.members[k].batch_at(0).select(slice(0, 2)) for k in live]
+        saved_live = self.live
+        self.live = live
+        try:
+            grads, losses = self.grads_and_losses(params, buffers, batches, 0)
+        except Exception as err:  # noqa: BLE001 - any failure means "cannot vmap"
+            return f"{type(err).__name__}: {err}"
+        finally:
+            self.live = saved_live
+        for j, k in enumerate(live):
+            member = self.members[k]
+            model = member.model
+            model.zero_grad(set_to_none=True)
+            # At member.step == 0, as the vmapped call, in the same precision; through the
+            # plain module, so that a compile=True group compiles nothing just to probe.
+            with tf32(member.t.precision, member.device):
+                loss = member.loss(batches[j], model)
+                loss.backward()
+            eps = rounding_eps(member.t.precision, member.device)
+            try:
+                loss_rtol = 1e-4 if eps is None else 4 * eps
+                torch.testing.assert_close(losses[j], loss.detach(), rtol=loss_rtol, atol=1e-5)
+                for name, p in model.named_parameters():
+                    rtol, atol = 1e-3, 1e-5
+                    if eps is not None:
+                        # In bf16 (or TF32) batched and single kernels round differently
+                        # summed activations, so they agree to a few ulps of each gradient's
+                        # scale, not to float32 tolerance; a mis-vmapped op is off by the
+                        # gradient's own size.
+                        rtol, atol = 4 * eps, 1e-5 + 4 * eps * float(p.grad.abs().max())
+                    torch.testing.assert_close(grads[name][j], p.grad, rtol=rtol, atol=atol)
+            except AssertionError as err:
+                return f"vmapped gradients differ from autograd: {str(err).splitlines()[0]}"
+            finally:
+                model.zero_grad(set_to_none=True)
+        return None
+
+    @torch.no_grad()
+    def sync(self, j: int) -> Trainer:
+        """Copy stack slot ``j`` into its member's model (for evaluation and saving)."""
+        member = self.members[self.live[j]]
+        for name, p in member.model.named_parameters():
+            p.copy_(self.params[name][j])
+        member.step = self.step
+        return member
+
+    def fail(self, slots: Sequence[int], errors: Sequence[Diverged]) -> None:
+        """Record the members in stack ``slots`` as diverged and take them off the stack."""
+        for j, err in zip(slots, errors, strict=True):
+            self.record_failure(j, err)
+        self.take_off(slots)
+
+    def record_failure(self, slot: int, err: Diverged) -> None:
+        self.failed[self.live[slot]] = err
+        self.members[self.live[slot]].metrics.flush()
+
+    def take_off(self, slots: Sequence[int]) -> None:
+        """Remove stack ``slots`` from the stack (their members keep their last sync)."""
+        dropped = set(slots)
+        keep = [j for j in range(len(self.live)) if j not in dropped]
+        self._index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        self.params = {n: p[self._index] for n, p in self.params.items()}
+        self.buffers = {n: b[self._index] for n, b in self.buffers.items()}
+        self.optimizer.keep(self._index)
+        self.live = [self.live[j] for j in keep]
+
+    def train_step(self) -> list[float]:
+        """One optimizer step of every live member; returns their (pre-step) losses."""
+        step = self.step
+        batches = [self.members[k].batch_at(step) for k in self.live]
+        grads, losses = self.grads_and_losses(self.params, self.buffers, batches, step)
+        values = losses.tolist()
+        stops = [
+            divergence(v, step + 1, self.members[k].ceiling)
+            for v, k in zip(values, self.live, strict=True)
+        ]
+        bad = [j for j, stop in enumerate(stops) if stop is not None]
+        if bad:
+            self.fail(bad, [stops[j] for j in bad])  # type: ignore[misc]
+            if not self.live:
+                return []
+            grads = {n: g[self._index] for n, g in grads.items()}
+            values = [v for j, v in enumerate(values) if j not in set(bad)]
+        members = [self.members[k] for k in self.live]
+        clip_grad_norms_(grads, [m.t.grad_clip for m in members])
+        lrs = [
+            [m.optimizer.param_groups[g]["lr"] for m in members]
+            for g in range(len(members[0].optimizer.param_groups))
+        ]
+        self.optimizer.step(self.params, grads, lrs)
+        with warnings.catch_warnings():
+            # Each member's LambdaLR is stepped without its (unused) torch optimizer stepping.
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            for m in members:
+                m.scheduler.step()
+        return values
+
+    # ------------------------------------------------------------------ evaluation, state
+    def evaluate_now(self) -> None:
+        """Each live member's Trainer.evaluate_now on its own weights; drop the diverged, and
+        (after step 0, as Trainer.run) those at their ``training.stop_at_accuracy``."""
+        diverged: list[tuple[int, Diverged]] = []
+        reached: list[int] = []
+        for j in range(len(self.live)):
+            member = self.sync(j)
+            try:
+                member.evaluate_now()
+            except Diverged as err:
+                diverged.append((j, err))
+                continue
+            if self.step > 0 and member.reached_target():
+                reached.append(j)
+        for j, err in diverged:
+            self.record_failure(j, err)
+        if diverged or reached:
+            self.take_off([j for j, _ in diverged] + reached)
+
+    def save_checkpoints(self, start: float) -> None:
+        """Each live member's checkpoint in the single-run format, so ``train_run()`` resumes it."""
+        for j in range(len(self.live)):
+            member = self.sync(j)
+            opt = member.optimizer
+            for name, p in member.model.named_parameters():
+                opt.state[p] = {
+                    "step": torch.tensor(float(self.optimizer.steps)),
+                    "exp_avg": self.optimizer.exp_avg[name][j].clone(),
+                    "exp_avg_sq": self.optimizer.exp_avg_sq[name][j].clone(),
+                }
+            save_checkpoint(
+                member.checkpoint_dir,
+                self.step,
+                member.model,
+                opt,
+                member.scheduler,
+                member.scalars(member.wall_time(start)),
+            )
+            opt.state.clear()
+
+    def run(self, start: float | None = None) -> None:
+        """Train every member to the end, to its divergence (see :attr:`failed`) or to its
+        ``training.stop_at_accuracy``."""
+        start = time.perf_counter() if start is None else start
+        self.reporter.start(self.total, self.step)
+        try:
+            self.evaluate_now()
+            while self.step < self.total and self.live:
+                values = self.train_step()
+                self.step += 1
+                for k, value in zip(self.live, values, strict=True):
+                    self.members[k].loss_sum += value
+                    self.members[k].loss_count += 1
+                if values:
+                    self.reporter.step(self.step, sum(values) / len(values))
+                if self.step % self.t.eval_every == 0 or self.step == self.total:
+                    self.evaluate_now()
+                    if self.live:
+                        self.reporter.evaluated(self.step, self.members[self.live[0]].last_results)
+                if self.step % self.t.checkpoint_every == 0 and self.step < self.total:
+                    self.save_checkpoints(start)
+            for j in range(len(self.live)):
+                self.sync(j)
+        finally:
+            self.reporter.stop()

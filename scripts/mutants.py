@@ -64,9 +64,9 @@ MUTANTS = [
     Mutant(
         "value-role-off-by-one",
         "AR's value role points one token past the value",
-        "src/mecheval/tasks/ar.py",
-        '"value": key_pos + 1,',
-        '"value": key_pos + 2,',
+        "src/mecheval/tasks/family.py",
+        '"value": key + 1,',
+        '"value": key + 2,',
         ("tests/test_ar.py", "tests/test_mechanism_labels.py"),
     ),
     Mutant(

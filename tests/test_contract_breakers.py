@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from mecheval.contract import CHECKS, CheckFailed, run_checks
-from mecheval.interventions import engine
+from mecheval.interventions import InterchangeResult, engine, prefix, reference
 from mecheval.models import ARCHITECTURES
 from mecheval.models.backbone import FinalNorm
 from mecheval.models.mixers.base import Mixer, mark_inert
@@ -344,14 +344,14 @@ def test_query_logits_fails_on_a_head_that_picks_the_wrong_positions(register, m
 def _restored_as(baseline: str, real=engine.interchange):
     """An engine that reports the ``baseline`` run's p(answer) for every restore."""
 
-    def interchange(model, original, corrupted, **kwargs) -> engine.InterchangeResult:
+    def interchange(model, original, corrupted, **kwargs) -> InterchangeResult:
         result = real(model, original, corrupted, **kwargs)
         table = result.table.copy()
         for metric in ("likelihood", "accuracy"):
             rows = (table.condition == "restored") & (table.metric == metric)
             table.loc[rows, "value"] = result.value(baseline, metric)
         per_example = result.per_example.assign(restored=result.per_example[baseline])
-        return engine.InterchangeResult(table, per_example)
+        return InterchangeResult(table, per_example)
 
     return interchange
 
@@ -364,9 +364,9 @@ def test_interchange_passes_on_every_built_in_architecture(arch: str) -> None:
 @pytest.mark.parametrize("arch", BUILT_IN)
 def test_interchange_fails_for_an_engine_that_restores_nothing(arch: str, monkeypatch) -> None:
     # Both engines, so that agreeing with each other is not enough.
-    real_naive = engine.naive_interchange
+    real_naive = reference.naive_interchange
     monkeypatch.setattr(engine, "interchange", _restored_as("corrupted"))
-    monkeypatch.setattr(engine, "naive_interchange", _restored_as("corrupted", real_naive))
+    monkeypatch.setattr(reference, "naive_interchange", _restored_as("corrupted", real_naive))
     with pytest.raises(CheckFailed, match=r"^restoring the key at layers\.0\.input \(.*\) gave"):
         CHECKS["interchange"](arch, None)
 
@@ -382,6 +382,7 @@ def test_interchange_fails_for_an_engine_that_restores_everything(arch: str, mon
 def test_interchange_fails_when_patches_are_not_applied(arch: str, monkeypatch) -> None:
     """Hooks that patch nothing: the batched engine still restores at block boundaries
     (it edits the cached tensor itself), the naive loop restores nowhere."""
-    monkeypatch.setattr(engine, "patch", lambda *args, **kwargs: nullcontext())
+    for module in (engine, prefix, reference):
+        monkeypatch.setattr(module, "patch", lambda *args, **kwargs: nullcontext())
     with pytest.raises(CheckFailed, match=r"^batched and naive interchange differ per document"):
         CHECKS["interchange"](arch, None)

@@ -388,9 +388,7 @@ def test_a_grouped_sweep_equals_one_run_at_a_time(tmp_path, monkeypatch) -> None
     assert all(o.skipped for o in run_sweep(spec, tmp_path / "g", group_size=3)[:2])
 
 
-def test_a_sweep_resolves_each_run_once_and_trains_a_lone_run_alone(
-    tmp_path, monkeypatch
-) -> None:
+def test_a_sweep_resolves_each_run_once_and_trains_a_lone_run_alone(tmp_path, monkeypatch) -> None:
     """One resolution per run, where it is planned (each builds the model on the meta
     device); the worker, the run folder, the trainer and the interventions read the
     resolved record. A run with nothing to stack goes to the single-run trainer."""

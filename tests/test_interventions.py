@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from mecheval.interventions import engine, interchange, patch, record
+from mecheval.interventions import engine, interchange, patch, prefix, record, reference
 from mecheval.models import ARCHITECTURES, ModelConfig, build_model, site_names
 from mecheval.models.mixers.base import Mixer
 from mecheval.models.mixers.modules import ShortConv
@@ -197,7 +197,7 @@ def assert_engine_equals_naive(model, original: Batch, corrupted: Batch, sites=N
     """The batched engine (several chunks per site) against the one-forward-per-patch loop:
     (a) the same rows and the same values to AGREE_RTOL, then (b)/(c) on both results."""
     fast = engine.interchange(model, original, corrupted, sites=sites, roles=roles, max_batch=4)
-    slow = engine.naive_interchange(model, original, corrupted, sites=sites, roles=roles)
+    slow = reference.naive_interchange(model, original, corrupted, sites=sites, roles=roles)
     keys = ["condition", "site", "role", "metric"]
     table = fast.table.merge(slow.table, on=keys, how="outer", suffixes=("_fast", "_slow"))
     assert len(table) == len(fast.table) == len(slow.table), "the two report different rows"
@@ -233,7 +233,7 @@ def test_rows_of_nearby_positions_start_together(monkeypatch) -> None:
     model = tiny("mamba")
     original, corrupted = ar_pair(n=5)
     per_position = engine.interchange(model, original, corrupted)
-    starts = engine._starts
+    starts = prefix.resume_starts
     seen = []
 
     def recorded(*args):
@@ -241,8 +241,8 @@ def test_rows_of_nearby_positions_start_together(monkeypatch) -> None:
         seen.append((torch.minimum(args[2], args[3]), out))
         return out
 
-    monkeypatch.setattr(engine, "MAX_START_GROUPS", 2)
-    monkeypatch.setattr(engine, "_starts", recorded)
+    monkeypatch.setattr(prefix, "MAX_START_GROUPS", 2)
+    monkeypatch.setattr(prefix, "resume_starts", recorded)
     grouped = engine.interchange(model, original, corrupted)
     moved = [(own, out) for own, out in seen if len(own.unique()) > 2]
     assert moved, "no chunk had more than two positions: the grouping was not exercised"
@@ -283,7 +283,7 @@ def test_the_comparison_fails_when_the_engine_patches_nothing(case: str, monkeyp
     real = engine.interchange
 
     def patches_nothing(*args, **kwargs):
-        # Only inside the engine: naive_interchange shares the module's `patch` and keeps it.
+        # Only inside the engine: the naive loop it is compared with keeps its `patch`.
         with monkeypatch.context() as m:
             m.setattr(engine, "patch", lambda *a, **k: contextlib.nullcontext())
             # No direct overwrite of a cached tensor either: every row is a plain forward.
@@ -402,13 +402,14 @@ def test_a_new_score_reaches_training_metrics_and_the_engine(monkeypatch) -> Non
     training; naming it in RESTORE_METRICS reports it per site and role, and the engine's
     numbers are the training scorer's (one function for both; the float32 model's batches
     differ in shape, hence 1e-6)."""
+    from mecheval.interventions import result
     from mecheval.tasks import scores
     from mecheval.training.metrics import evaluate
 
     monkeypatch.setitem(
         scores.SCORES, "p_top", lambda dist, answer, candidates: dist.full.max(-1).values.exp()
     )
-    monkeypatch.setattr(engine, "RESTORE_METRICS", (*engine.RESTORE_METRICS, "p_top"))
+    monkeypatch.setattr(result, "RESTORE_METRICS", (*result.RESTORE_METRICS, "p_top"))
     model = tiny("attention")
     dev = build_datasets(AR)["dev"]
     got = evaluate(model, dev, batch_size=4)

@@ -11,7 +11,6 @@ import yaml
 from small_runs import SWEEP_BASE, run_cli
 
 from mecheval.cli.progress import (
-    PlainReporter,
     PlainSweepLog,
     QuietSweep,
     SweepDisplay,
@@ -19,10 +18,10 @@ from mecheval.cli.progress import (
     eta_seconds,
     format_duration,
     outcome_line,
-    run_reporter,
     sweep_display,
     sweep_line,
 )
+from mecheval.cli.run_progress import PlainReporter, run_reporter
 from mecheval.experiments.jobs import Outcome, QueueReporter, RunProgress
 from mecheval.training.reporter import NullReporter
 

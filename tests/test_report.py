@@ -25,8 +25,9 @@ from mecheval.report import (
     write_html,
 )
 from mecheval.report.registry import available_figures
+from mecheval.report.results import normalise
 from mecheval.report.specs import site_title
-from mecheval.report.tables import normalise, t975
+from mecheval.report.tables import t975
 
 matplotlib.use("Agg")
 

@@ -92,6 +92,15 @@ def options(
         use_plugins(plugin)
 
 
+def command_group(name: str, description: str) -> typer.Typer:
+    """The group of commands ``mecheval NAME ...``, its --help as the top level's."""
+    group = typer.Typer(
+        help=description, cls=CommandGroup, no_args_is_help=True, rich_markup_mode=HELP_MARKUP
+    )
+    app.add_typer(group, name=name)
+    return group
+
+
 def check_out(out: Path) -> Path:
     """``--out`` must be a folder (or not exist yet): checked before anything is written."""
     if out.exists() and not out.is_dir():

@@ -41,7 +41,7 @@ def intervene_command(
     the Fig. 3-style table and the mechanism label; write interventions.csv into RUN_DIR."""
     from mecheval.experiments.mechanisms import INTERVENTIONS_FILE, InterventionPlan, intervene_run
     from mecheval.interventions import restore_view
-    from mecheval.interventions.engine import RESTORE_METRICS
+    from mecheval.interventions.result import RESTORE_METRICS
     from mecheval.models import site_names
     from mecheval.models.sites import state_site_names
     from mecheval.training.config import check_device

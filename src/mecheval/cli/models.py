@@ -8,17 +8,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mecheval.cli import HELP_MARKUP, CommandGroup, app
+from mecheval.cli import app, command_group
 from mecheval.models import ModelConfig, build_model, count_parameters, site_names, state_size
 from mecheval.models.registry import available_architectures, get_architecture
 
-models_app = typer.Typer(
-    help="Inspect the model zoo.",
-    cls=CommandGroup,
-    no_args_is_help=True,
-    rich_markup_mode=HELP_MARKUP,
-)
-app.add_typer(models_app, name="models")
+models_app = command_group("models", "Inspect the model zoo.")
 
 WIDTHS = (16, 32, 64, 128, 256)
 

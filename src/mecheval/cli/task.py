@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 import yaml
@@ -10,19 +10,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from mecheval.cli import HELP_MARKUP, CommandGroup, app
+from mecheval.cli import command_group
 from mecheval.errors import ConfigError
-from mecheval.tasks import SPLITS, TASKS, TaskConfig, build_datasets
+from mecheval.tasks import SPLITS, TASKS, TaskConfig, TaskDataset, build_datasets
 from mecheval.tasks.registry import parse_task
 from mecheval.tasks.stats import dataset_stats
 
-task_app = typer.Typer(
-    help="Inspect the synthetic tasks.",
-    cls=CommandGroup,
-    no_args_is_help=True,
-    rich_markup_mode=HELP_MARKUP,
-)
-app.add_typer(task_app, name="task")
+task_app = command_group("task", "Inspect the synthetic tasks.")
 
 ROLE_STYLE = {
     "key": "bold red",
@@ -33,7 +27,15 @@ ROLE_STYLE = {
     "stale_key": "red",
     "stale_value": "green",
 }
-_SET_HELP = "override a task field, e.g. n_pairs=4 or task.n_pairs=4 (repeatable)"
+# The arguments that `task show` and `task stats` share.
+Kind = Annotated[str, typer.Argument(help=f"task kind: {' or '.join(TASKS)}")]
+Overrides = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set", help="override a task field, e.g. n_pairs=4 or task.n_pairs=4 (repeatable)"
+    ),
+]
+Split = Annotated[str, typer.Option(help="train, dev or test")]
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
@@ -59,26 +61,30 @@ def task_config(kind: str, overrides: list[str], **sizes: int) -> TaskConfig:
     return parse_task({"kind": kind, **data})
 
 
-def _split_sizes(split: str, n: int) -> dict[str, int]:
+def _documents(
+    kind: str, overrides: list[str] | None, split: str, n: int
+) -> tuple[TaskConfig, TaskDataset]:
+    """``n`` documents of ``split`` of the task ``kind`` with ``overrides``, and their config."""
     # Build only the split asked for, and only n documents of it: looking at a few documents
     # should not cost a paper-size build. (The documents are those of this smaller config.)
     if split not in SPLITS:
         raise ConfigError(f"--split: unknown {split!r} (expected one of: {', '.join(SPLITS)})")
     if n < 1:
         raise ConfigError(f"-n: expected at least 1 (got {n})")
-    return {f"n_{s}": (n if s == split else 0) for s in SPLITS}
+    sizes = {f"n_{s}": (n if s == split else 0) for s in SPLITS}
+    cfg = task_config(kind, overrides or [], **sizes)
+    return cfg, build_datasets(cfg)[split]
 
 
 @task_app.command("show")
 def show(
-    kind: str = typer.Argument(..., help=f"task kind: {' or '.join(TASKS)}"),
-    n: int = typer.Option(3, "-n", help="number of documents"),
-    overrides: list[str] = typer.Option([], "--set", help=_SET_HELP),  # noqa: B008
-    split: str = typer.Option("train", help="train, dev or test"),
+    kind: Kind,
+    n: Annotated[int, typer.Option("-n", help="number of documents")] = 3,
+    overrides: Overrides = None,
+    split: Split = "train",
 ) -> None:
     """Print documents with their roles marked, and the answer."""
-    cfg = task_config(kind, overrides, **_split_sizes(split, n))
-    ds = build_datasets(cfg)[split]
+    cfg, ds = _documents(kind, overrides, split, n)
     names = cfg.id_names()
     console = Console(highlight=False)
     colour = console.is_terminal
@@ -107,14 +113,13 @@ def show(
 
 @task_app.command("stats")
 def stats(
-    kind: str = typer.Argument(..., help=f"task kind: {' or '.join(TASKS)}"),
-    n: int = typer.Option(1000, "-n", help="number of documents to measure"),
-    overrides: list[str] = typer.Option([], "--set", help=_SET_HELP),  # noqa: B008
-    split: str = typer.Option("train", help="train, dev or test"),
+    kind: Kind,
+    n: Annotated[int, typer.Option("-n", help="number of documents to measure")] = 1000,
+    overrides: Overrides = None,
+    split: Split = "train",
 ) -> None:
     """Corpus statistics: lengths, tree depth and branching, repeats, role distances."""
-    cfg = task_config(kind, overrides, **_split_sizes(split, n))
-    ds = build_datasets(cfg)[split]
+    _, ds = _documents(kind, overrides, split, n)
     table = Table(title=f"{kind} {split}: {len(ds)} documents")
     table.add_column("statistic")
     cols = ("mean", "min", "median", "p90", "max")

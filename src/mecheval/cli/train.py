@@ -54,7 +54,7 @@ def train_command(
     last checkpoint. Exit status: 0 done, 1 diverged, 2 bad config, 130 Ctrl-C, 143 SIGTERM
     (the run is marked failed, "crashed: interrupted", and resumes when run again).
     """
-    from mecheval.cli.progress import run_reporter
+    from mecheval.cli.run_progress import run_reporter
     from mecheval.training import config as run_config
     from mecheval.training.folder import is_finished, peek_status
     from mecheval.training.presets import preset as preset_data

@@ -1,6 +1,6 @@
 """Interchange interventions: patch sites, batched restores, mechanism labels."""
 
-from mecheval.interventions.engine import InterchangeResult, interchange, naive_interchange
+from mecheval.interventions.engine import interchange
 from mecheval.interventions.labels import (
     MechanismLabel,
     Thresholds,
@@ -11,6 +11,8 @@ from mecheval.interventions.labels import (
 )
 from mecheval.interventions.metrics import restore_view
 from mecheval.interventions.patch import patch, record
+from mecheval.interventions.reference import naive_interchange
+from mecheval.interventions.result import InterchangeResult
 
 __all__ = [
     "InterchangeResult",

@@ -42,13 +42,27 @@ and site, the role that restores most.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import pandas as pd
 import torch
 
 from mecheval.interventions.patch import patch, record
-from mecheval.interventions.prefix import PrefixCache, prefix_cache, run_from
+from mecheval.interventions.prefix import (
+    PrefixCache,
+    prefix_cache,
+    resume_inside_block,
+    run_from,
+    run_from_patch,
+)
+from mecheval.interventions.result import (
+    PER_EXAMPLE_COLUMNS,
+    TABLE_COLUMNS,
+    InterchangeResult,
+    baseline_rows,
+    batch_metrics,
+    prepare,
+    score_rows,
+)
 from mecheval.models.backbone import LanguageModel
 from mecheval.models.mixers.base import index_states
 from mecheval.models.sites import (
@@ -59,8 +73,7 @@ from mecheval.models.sites import (
     state_site_layer,
     state_site_names,
 )
-from mecheval.tasks.batch import ROLES, Batch
-from mecheval.tasks.scores import answer_scores, available_scores
+from mecheval.tasks.batch import Batch
 
 #: The most logits one chunk of patched rows may hold (rows x vocabulary, float32: 8 MB).
 #: Within it, the buffers of the head and the scoring are reused from call to call; at the
@@ -69,60 +82,8 @@ from mecheval.tasks.scores import answer_scores, available_scores
 LOGITS_PER_CHUNK = 1 << 21
 
 
-#: The most distinct positions a chunk of patched rows resumes from (each a batch of its
-#: own): rows of nearby positions start together at the earliest of them, recomputing a few
-#: positions the corrupted run already had. Measured at d = 64, against one batch per
-#: position: the paper's AR (T = 35) attention 1.20 -> 1.11 s, Hyena 2.04 -> 1.80 s; the
-#: quick AR (T = 11) H3 0.64 -> 0.53 s, Mamba 0.68 -> 0.73 s (its scan's cost is per
-#: position); 4 groups were faster for attention and Hyena and 25 % slower for Mamba.
-MAX_START_GROUPS = 8
-
-
 def _chunk_rows(model: LanguageModel, max_batch: int) -> int:
     return max(1, min(max_batch, LOGITS_PER_CHUNK // model.embedding.num_embeddings))
-
-
-#: The scores (tasks/scores.py) reported per condition, site and role; likelihood first (the
-#: per-example table and the mechanism labels read it). Every condition is scored against
-#: the original documents' answer candidates (``Batch.with_tokens`` keeps them).
-RESTORE_METRICS = ("likelihood", "accuracy", "in_context_mass", "in_context_accuracy")
-
-
-@dataclass(frozen=True)
-class InterchangeResult:
-    table: pd.DataFrame
-    per_example: pd.DataFrame
-
-    @property
-    def attribution(self) -> pd.DataFrame:
-        """Per document and site: the role whose restore gives the highest likelihood."""
-        best = self.per_example.loc[self.per_example.groupby(["doc", "site"])["restored"].idxmax()]
-        return best[["doc", "site", "role", "restored"]].reset_index(drop=True)
-
-    def value(self, condition: str, metric: str = "likelihood", site: str = "", role: str = ""):
-        rows = self.table[
-            (self.table.condition == condition)
-            & (self.table.metric == metric)
-            & (self.table.site == site)
-            & (self.table.role == role)
-        ]
-        if len(rows) != 1:
-            raise KeyError(f"no single value for {condition}/{metric}/{site}/{role}")
-        return float(rows.value.iloc[0])
-
-
-def _metrics(batch: Batch) -> list[str]:
-    """The :data:`RESTORE_METRICS` a batch can be scored on (the in-context ones need its
-    candidates)."""
-    return available_scores(RESTORE_METRICS, batch.candidates)
-
-
-def _scores(
-    logits: torch.Tensor, answer: torch.Tensor, candidates: torch.Tensor | None
-) -> torch.Tensor:
-    """The :func:`_metrics` per row, [len(metrics), N] float64."""
-    metrics = available_scores(RESTORE_METRICS, candidates)
-    return torch.stack(list(answer_scores(logits, answer, metrics, candidates).values()))
 
 
 def _restart(model: LanguageModel, site: str) -> tuple[str, int, bool]:
@@ -159,91 +120,6 @@ def _downstream(
     return model.head(x, at)
 
 
-def _from_patch(
-    model: LanguageModel,
-    prefix: PrefixCache,
-    first: int,
-    docs: torch.Tensor,
-    patched: torch.Tensor,
-    x: torch.Tensor,
-    at: torch.Tensor,
-) -> torch.Tensor:
-    """Logits at ``at`` of rows whose residual stream entering block ``first`` is ``x``
-    [R, T, d], equal to the corrupted run's before each row's ``patched`` position: rows
-    sharing a start run together from it (:func:`run_from`). A patch after the query cannot
-    reach it, so such a row starts at its query."""
-    starts = _starts(prefix, first, patched, at)
-    logits = None
-    for start in starts.unique().tolist():
-        group = (starts == start).nonzero()[:, 0]
-        out = run_from(model, prefix, first, docs[group], start, x[group, start:], at[group])
-        if logits is None:
-            logits = out.new_empty(len(docs), out.shape[-1])
-        logits[group] = out
-    return logits
-
-
-def _starts(
-    prefix: PrefixCache, first: int, patched: torch.Tensor, at: torch.Tensor
-) -> torch.Tensor:
-    """Where each row resumes: its patch position, or its query if the patch lies after it
-    (a later position cannot reach the query). Any earlier start is exact too: where no
-    block from ``first`` on keeps a prefix state, every row starts at the earliest, so that
-    the rows run as one batch instead of one batch per position; otherwise rows start at
-    no more than :data:`MAX_START_GROUPS` positions, each the earliest of its run of them."""
-    starts = torch.minimum(patched, at)
-    if all(halo is None for halo in prefix.halos[first:]):
-        return torch.full_like(starts, int(starts.min()))
-    distinct = starts.unique()  # sorted
-    if len(distinct) <= MAX_START_GROUPS:
-        return starts
-    bounds = distinct[:: -(-len(distinct) // MAX_START_GROUPS)].contiguous()
-    return bounds[torch.searchsorted(bounds, starts, right=True) - 1]
-
-
-def _resume_inside(
-    model: LanguageModel,
-    prefix: PrefixCache,
-    first: int,
-    docs: torch.Tensor,
-    patched: tuple[str, torch.Tensor, torch.Tensor],
-    at: torch.Tensor,
-    tail: bool,
-) -> torch.Tensor:
-    """Logits at ``at`` of rows patched at a site inside block ``first`` (``patched``: the
-    site, each row's position and value): block ``first`` resumes from each row's position
-    with the patch hook set, reading positions relative to the suffix each site sees, then
-    the blocks after it (:func:`run_from`). ``tail``: the last block's MLP at the query only."""
-    site, positions, values = patched
-    length = prefix.inputs[first].shape[1]
-    block = model.layers[first]
-    halo = prefix.halos[first]
-    last = first == len(model.layers) - 1
-    starts = _starts(prefix, first, positions, at)
-    logits = None
-    for start in starts.unique().tolist():
-        group = (starts == start).nonzero()[:, 0]
-        docs_, at_ = docs[group], at[group] - start
-        lo = 0 if halo is None else max(0, start - halo)
-        state = None if halo is None else block.mixer.state_at(prefix.states[first], docs_, start)
-        with patch(model, site, positions[group], values[group], length=length):
-            x = block.forward_from(
-                prefix.inputs[first][docs_, lo:],
-                start - lo,
-                state,
-                at=at_ if last and tail else None,
-                whole=halo is None,
-            )
-        if not last:
-            out = run_from(model, prefix, first + 1, docs_, start, x, at[group])
-        else:
-            out = model.head(x, torch.zeros_like(at_) if tail else at_)
-        if logits is None:
-            logits = out.new_empty(len(docs), out.shape[-1])
-        logits[group] = out
-    return logits
-
-
 def _past_last_mixer(model: LanguageModel, site: str) -> bool:
     """Whether ``site`` comes after the last block's mixer: a patch there changes its own
     position only, up to the head."""
@@ -271,15 +147,11 @@ def interchange(
     """Restore each (site, role) from ``original`` into ``corrupted``; see the module doc.
     ``resume=False`` recomputes whole sequences downstream of the patch (the engine before
     prefix resumption; benchmarks/bench_interventions.py compares the two)."""
-    sites = list(sites) if sites is not None else site_names(model)
-    roles = list(roles) if roles is not None else batch_roles(original)
-    _check(original, corrupted, roles)
+    sites, roles, original, corrupted = prepare(model, original, corrupted, sites, roles)
     _check_state_sites(model, sites)
-    # The documents come from the CPU datasets; everything runs where the model is.
     device = model.device
-    original, corrupted = original.to(device), corrupted.to(device)
     n = len(original)
-    answer, candidates, metrics = original.answer, original.candidates, _metrics(original)
+    answer, candidates, metrics = original.answer, original.candidates, batch_metrics(original)
     state_sites = set(state_site_names(model))
     module_sites = [site for site in sites if site not in state_sites]
     restarts = {site: _restart(model, site) for site in module_sites}
@@ -289,11 +161,11 @@ def interchange(
     with_states = len(module_sites) < len(sites)
     recorded = sorted(set(module_sites) | (set(inputs) if with_states else set()))
     with record(model, recorded) as source:
-        s_orig = _scores(model(original.tokens, at=original.query), answer, candidates)
+        s_orig = score_rows(model(original.tokens, at=original.query), answer, candidates)
     with record(model, cached) as base:
-        s_corr = _scores(model(corrupted.tokens, at=corrupted.query), answer, candidates)
+        s_corr = score_rows(model(corrupted.tokens, at=corrupted.query), answer, candidates)
 
-    rows = _baseline_rows(s_orig, s_corr, metrics)
+    rows = baseline_rows(s_orig, s_corr, metrics)
     prefix = None
     if resume or with_states:
         prefix = prefix_cache(model, [base[site] for site in inputs])
@@ -347,27 +219,27 @@ def interchange(
                 x = base[start][docs_].clone()
                 x[torch.arange(len(rows_), device=device), dst_] = values[rows_]
                 if resume:
-                    logits = _from_patch(model, prefix, first, docs_, dst_, x, at_)
+                    logits = run_from_patch(model, prefix, first, docs_, dst_, x, at_)
                 else:
                     logits = _downstream(model, x, first, at_, tail)
             elif resume and start:
                 patched = (site, dst_, values[rows_])
-                logits = _resume_inside(model, prefix, first, docs_, patched, at_, tail)
+                logits = resume_inside_block(model, prefix, first, docs_, patched, at_, tail)
             elif start:
                 with patch(model, site, dst_, values[rows_]):
                     logits = _downstream(model, base[start][docs_], first, at_, tail)
             else:
                 with patch(model, site, dst_, values[rows_]):
                     logits = model(corrupted.tokens[docs_], at=at_)
-            scores[:, rows_] = _scores(
+            scores[:, rows_] = score_rows(
                 logits, answer[docs_], None if candidates is None else candidates[docs_]
             )
         _collect(site, scores, metrics, roles, n, s_orig, s_corr, rows, per_example)
-    table = pd.DataFrame(rows, columns=["condition", "site", "role", "metric", "value"])
+    table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     examples = (
         pd.concat(per_example, ignore_index=True)
         if per_example
-        else pd.DataFrame(columns=["doc", "site", "role", "restored", "original", "corrupted"])
+        else pd.DataFrame(columns=PER_EXAMPLE_COLUMNS)
     )
     return InterchangeResult(table, examples)
 
@@ -446,7 +318,7 @@ def _restore_states(
             window = prefix.inputs[layer][docs_, lo:]
             x = block.forward_from(window, start - lo, index_states(values, rows_), replace=True)
             logits = run_from(model, prefix, layer + 1, docs_, start, x, at[rows_])
-            scores[:, rows_] = _scores(
+            scores[:, rows_] = score_rows(
                 logits, answer[docs_], None if candidates is None else candidates[docs_]
             )
     return scores
@@ -462,77 +334,3 @@ def _check_state_sites(model: LanguageModel, sites: Sequence[str]) -> None:
         if state_site_layer(site) is not None and site not in known:
             have = ", ".join(known) or "none: no mixer of this model has a recurrent state"
             raise ValueError(f"sites: {site!r} is not a state site of this model ({have})")
-
-
-@torch.no_grad()
-def naive_interchange(
-    model: LanguageModel,
-    original: Batch,
-    corrupted: Batch,
-    sites: Sequence[str] | None = None,
-    roles: Sequence[str] | None = None,
-) -> InterchangeResult:
-    """The plain reference: one forward per (site, role, document) through :func:`patch`."""
-    sites = list(sites) if sites is not None else site_names(model)
-    roles = list(roles) if roles is not None else batch_roles(original)
-    _check(original, corrupted, roles)
-    device = model.device
-    original, corrupted = original.to(device), corrupted.to(device)
-    candidates, metrics = original.candidates, _metrics(original)
-    s_orig = _scores(model(original.tokens, at=original.query), original.answer, candidates)
-    s_corr = _scores(model(corrupted.tokens, at=corrupted.query), original.answer, candidates)
-    rows = _baseline_rows(s_orig, s_corr, metrics)
-    per_example = []
-    for site in sites:
-        for role in roles:
-            restored = []
-            for b in range(len(original)):
-                one_o, one_c = original.select(slice(b, b + 1)), corrupted.select(slice(b, b + 1))
-                with record(model, [site]) as source:
-                    model(one_o.tokens, at=one_o.query)
-                value = source[site][0, one_o.roles[role][0]][None]
-                with patch(model, site, one_c.roles[role], value):
-                    logits = model(one_c.tokens, at=one_c.query)
-                    one = _scores(logits, one_o.answer, one_o.candidates)[:, 0]
-                restored.append(one.tolist())
-                per_example.append(
-                    (b, site, role, one[0].item(), s_orig[0, b].item(), s_corr[0, b].item())
-                )
-            for m, metric in enumerate(metrics):
-                values = [r[m] for r in restored]
-                rows.append(("restored", site, role, metric, sum(values) / len(values)))
-    table = pd.DataFrame(rows, columns=["condition", "site", "role", "metric", "value"])
-    examples = pd.DataFrame(
-        per_example, columns=["doc", "site", "role", "restored", "original", "corrupted"]
-    )
-    return InterchangeResult(table, examples)
-
-
-def batch_roles(batch: Batch) -> list[str]:
-    """Every role of ``batch``: the shared ROLES in their order, then the task's own
-    (overwrite AR's stale_key, stale_value)."""
-    return [*(r for r in ROLES if r in batch.roles), *(r for r in batch.roles if r not in ROLES)]
-
-
-def _baseline_rows(
-    s_orig: torch.Tensor, s_corr: torch.Tensor, metrics: Sequence[str]
-) -> list[tuple[str, str, str, str, float]]:
-    return [
-        (condition, "", "", metric, scores[m].mean().item())
-        for condition, scores in (("original", s_orig), ("corrupted", s_corr))
-        for m, metric in enumerate(metrics)
-    ]
-
-
-def _check(original: Batch, corrupted: Batch, roles: Sequence[str]) -> None:
-    if original.tokens.shape != corrupted.tokens.shape:
-        raise ValueError(
-            f"corrupted: shape {tuple(corrupted.tokens.shape)} differs from the original's "
-            f"{tuple(original.tokens.shape)}"
-        )
-    for role in roles:
-        if role not in original.roles or role not in corrupted.roles:
-            raise ValueError(
-                f"roles: {role!r} is not a role of these batches "
-                f"({', '.join(batch_roles(original))})"
-            )

@@ -3,8 +3,9 @@
 A spec takes the prepared results table (:func:`~mecheval.report.select.prepare`) and returns
 a layout, or raises :class:`~mecheval.report.select.NoData`; ``FIGURES[name](df)`` does the
 rest: prepares the table, names the figure in the error, renders the layout under the name.
-The specs live in :mod:`mecheval.report.specs`, which the package imports, so ``FIGURES`` is
-full (in the specs' order) whenever :mod:`mecheval.report` is.
+The specs live in :mod:`mecheval.report.specs` (the paper's figures) and
+:mod:`mecheval.report.extra_specs` (the others, registered after them), which the package
+imports, so ``FIGURES`` is full (in the specs' order) whenever :mod:`mecheval.report` is.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import pandas as pd
 
 from mecheval.errors import ConfigError
 from mecheval.report.render import FigureResult, Layout
+from mecheval.report.results import normalise
 from mecheval.report.select import NoData, prepare
-from mecheval.report.tables import normalise
 
 Spec = Callable[[pd.DataFrame], Layout]
 FIGURES: dict[str, Callable[[pd.DataFrame], FigureResult]] = {}

@@ -1,8 +1,10 @@
-"""How a figure looks: heatmaps or curves over training, and the same numbers as markdown.
+"""How a figure looks: heatmaps and scatter plots, and the same numbers as markdown (curves
+over training: :mod:`mecheval.report.curves`).
 
-A figure spec returns a layout (:class:`Heatmaps` or :class:`Curves`); the registry renders it
-under the figure's name into a :class:`FigureResult`. Heatmaps follow the paper: one panel per
-measure, rows (architecture, LR or conv size) by d_model columns, numbers in the cells.
+A figure spec returns a layout (:class:`Heatmaps`, :class:`StateScatter` or
+:class:`~mecheval.report.curves.Curves`); the registry renders it under the figure's name into
+a :class:`FigureResult`. Heatmaps follow the paper: one panel per measure, rows (architecture,
+LR or conv size) by d_model columns, numbers in the cells.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from mecheval.report.results import _key, _na, run_info
 from mecheval.report.select import Section, value_label
-from mecheval.report.tables import _key, _na, format_cell, run_info
+from mecheval.report.tables import format_cell
 
 LR_TUNED = "LR-tuned per cell on final dev likelihood"
 _CMAP = matplotlib.colormaps["viridis"].with_extremes(bad="#eeeeee")
@@ -37,7 +40,7 @@ class Layout(Protocol):
     def render(self, name: str) -> FigureResult: ...
 
 
-def _wrapped_title(fig: Figure, title: str, width: float) -> None:
+def wrapped_title(fig: Figure, title: str, width: float) -> None:
     # Wrap to the figure's width (about 11 characters per inch at this size) so long
     # titles are not clipped at the edges.
     fig.suptitle(textwrap.fill(title, width=int(width * 11)), fontsize=10)
@@ -99,7 +102,7 @@ def _heatmaps_figure(
         heights.append(3.6)
     figure_width = max(5.0, ncols * width + 0.8)
     fig = Figure(figsize=(figure_width, sum(heights) + 0.5), layout="constrained")
-    _wrapped_title(fig, title, figure_width)
+    wrapped_title(fig, title, figure_width)
     subfigs = np.atleast_1d(fig.subfigures(len(heights), 1, height_ratios=heights)).ravel()
     for sub, section in zip(subfigs, sections, strict=False):
         if section.title:
@@ -258,103 +261,6 @@ def dev_test_scatter(sub: Any, points: pd.DataFrame, by: str, groups: Sequence[s
         ax.legend(fontsize=6, loc="upper left")
 
 
-# ---------------------------------------------------------------------------- curves
-
-
-@dataclass
-class Curves:
-    """Measures against the training step: one panel per (task, architecture) row and
-    d_model column. ``data`` is a seed summary with columns task, architecture, d_model,
-    measure, step; ``title`` heads the markdown, ``plot_title`` the picture."""
-
-    title: str
-    plot_title: str
-    data: pd.DataFrame
-    panels: list[tuple[str, str]]
-    measures: list[str]
-    runs: pd.DataFrame
-    tuned: str = LR_TUNED
-
-    def render(self, name: str) -> FigureResult:
-        return FigureResult(
-            name=name,
-            markdown=self._markdown(name),
-            figure=self._figure(name),
-            data=self.data,
-        )
-
-    def _widths(self) -> list[Any]:
-        return sorted(self.data["d_model"].unique())
-
-    def _here(self, task: str, arch: str, width: Any) -> pd.DataFrame:
-        data = self.data
-        return data[
-            (data["task"] == task) & (data["architecture"] == arch) & (data["d_model"] == width)
-        ]
-
-    def _figure(self, name: str) -> Figure:
-        widths = self._widths()
-        figure_width = 2.6 * len(widths) + 0.6
-        fig = Figure(figsize=(figure_width, 2.0 * len(self.panels) + 0.8), layout="constrained")
-        _wrapped_title(fig, f"{name}: {self.plot_title}", figure_width)
-        axes = fig.subplots(len(self.panels), len(widths), squeeze=False, sharey=True)
-        colours = dict(zip(self.measures, matplotlib.colormaps["tab10"].colors, strict=False))
-        for i, (task, arch) in enumerate(self.panels):
-            for j, width in enumerate(widths):
-                ax = axes[i][j]
-                here = self._here(task, arch, width)
-                for measure in self.measures:
-                    line = here[here["measure"] == measure].sort_values("step")
-                    if line.empty:
-                        continue
-                    ax.plot(
-                        line["step"],
-                        line["mean"],
-                        marker="o",
-                        ms=2,
-                        lw=1,
-                        color=colours[measure],
-                        label=measure,
-                    )
-                    if line["ci"].notna().any():
-                        ax.fill_between(
-                            line["step"],
-                            line["lo"],
-                            line["hi"],
-                            alpha=0.2,
-                            color=colours[measure],
-                            lw=0,
-                        )
-                ax.set_ylim(0, 100)
-                ax.set_title(f"{task} {arch}, d={value_label(width)}", fontsize=7)
-                ax.tick_params(labelsize=6)
-                ax.set_xlabel("step", fontsize=6)
-        axes[0][0].set_ylabel("likelihood (%)", fontsize=6)
-        axes[0][0].legend(fontsize=5, loc="best")
-        return fig
-
-    def _markdown(self, name: str) -> str:
-        lines = [f"## {name}: {self.title}", ""]
-        lines += runs_summary(self.runs, [self.data], self.tuned)
-        lines.append("")
-        for task, arch in self.panels:
-            lines += [f"### {task}, {arch}", ""]
-            body = []
-            for width in self._widths():
-                here = self._here(task, arch, width)
-                for step in sorted(here["step"].unique()):
-                    at = here[here["step"] == step].set_index("measure")
-                    body.append(
-                        [value_label(width), value_label(step)]
-                        + [
-                            format_cell(*at.loc[m, ["mean", "ci"]]) if m in at.index else ""
-                            for m in self.measures
-                        ]
-                    )
-            lines += [*md_table(["d_model", "step", *self.measures], body), ""]
-        return "\n".join(lines).rstrip() + "\n"
-
-
 # ---------------------------------------------------------------------------- scatter
 
 
@@ -372,7 +278,7 @@ class StateScatter:
 
     def _figure(self, name: str) -> Figure:
         fig = Figure(figsize=(6.0, 4.0), layout="constrained")
-        _wrapped_title(fig, f"{name}: {self.title}", 6.0)
+        wrapped_title(fig, f"{name}: {self.title}", 6.0)
         ax = fig.subplots()
         colours = matplotlib.colormaps["tab20"].colors
         for i, (arch, points) in enumerate(self.data.groupby("architecture", sort=False)):

@@ -19,18 +19,17 @@ import pandas as pd
 
 from mecheval.errors import ConfigError
 from mecheval.models.registry import ARCHITECTURES, architecture_label
-from mecheval.report.tables import (
+from mecheval.report.results import (
     ARCH,
     D_MODEL,
     N_LAYERS,
-    Measure,
     _key,
     _na,
-    cell_summary,
     normalise,
     run_info,
     setting_columns,
 )
+from mecheval.report.tables import Measure, cell_summary
 from mecheval.tasks import task_label
 
 KIND = "task.kind"

@@ -6,6 +6,8 @@ per cell as the paper does (best mean final dev likelihood over seeds, unless sa
 and lays them out in the paper's layout (:mod:`mecheval.report.render`) -- heatmaps with
 architecture (or LR, or conv size) rows and d_model columns, one panel per condition.
 A table without the runs a figure needs raises :class:`NoData`, which says what is missing.
+The figures the paper does not number are in :mod:`mecheval.report.extra_specs`, registered
+after these.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import pandas as pd
 
 from mecheval.models.sites import LAST, describe_site, layer_site
 from mecheval.report.registry import figure
-from mecheval.report.render import Curves, Heatmaps, StateScatter, dev_test_scatter
+from mecheval.report.render import Heatmaps, dev_test_scatter
+from mecheval.report.results import ARCH, D_MODEL, LR, N_LAYERS, _na, run_info
 from mecheval.report.select import (
     ARCH_LABEL,
     D_CONV,
@@ -39,14 +42,8 @@ from mecheval.report.select import (
     value_label,
 )
 from mecheval.report.tables import (
-    ARCH,
-    D_MODEL,
-    LR,
-    N_LAYERS,
     RESTORE_SITE,
     Measure,
-    _na,
-    _run_scores,
     behaviour,
     best_lr,
     corrupted,
@@ -55,8 +52,6 @@ from mecheval.report.tables import (
     original,
     restore_measures,
     restored,
-    run_info,
-    seed_summary,
     site_names,
 )
 
@@ -77,7 +72,7 @@ def site_title(df: pd.DataFrame, site: str) -> str:
     return f"{', '.join(names)} ({prose})" if names and names != [prose] else prose
 
 
-def _restore(
+def restore_heatmaps(
     df: pd.DataFrame,
     kind: str,
     figure_label: str,
@@ -100,7 +95,7 @@ def _restore(
 def ar_restore(df: pd.DataFrame) -> Heatmaps:
     """Fig. 3: AR, original / corrupted key / restored at layers.{last}.input @ key, value,
     query; architecture x d_model; LR-tuned."""
-    return _restore(df, "ar", "Fig. 3, AR")
+    return restore_heatmaps(df, "ar", "Fig. 3, AR")
 
 
 # ---------------------------------------------------------------------------- convolutions
@@ -211,7 +206,7 @@ def mamba_conv_sites(df: pd.DataFrame) -> Heatmaps:
 @figure("atr-restore")
 def atr_restore(df: pd.DataFrame) -> Heatmaps:
     """Fig. 7: as Fig. 3 on ATR (parent queries, no train/test split)."""
-    return _restore(df, "atr", "Fig. 7, ATR")
+    return restore_heatmaps(df, "atr", "Fig. 7, ATR")
 
 
 @figure("atr-mamba-conv")
@@ -385,104 +380,3 @@ def sibling(df: pd.DataFrame) -> Heatmaps:
         if (n is None or n > 1) and has_site(sub, RESTORE_SITE):
             sections.append(by_arch([(sub, restore_measures())], f"interventions{layers(n)}"))
     return Heatmaps("Fig. 13, ATR sibling queries", sections, rel)
-
-
-# ---------------------------------------------------------------------------- training
-
-
-@figure("emergence")
-def emergence(df: pd.DataFrame) -> Curves:
-    """Mechanistic metrics over training: original, corrupted and restored likelihood @ key,
-    value, query at layers.{last}.input against the step, per task x architecture (rows) and
-    d_model (columns), for runs with interventions at two or more steps; LR-tuned."""
-    # Task knobs are kept apart by the task label below rather than filtered to defaults.
-    rel = standard(df, keep={QUERY, TASK_SPLIT})
-    mech = rel[rel["source"] == "mechanistic"]
-    steps = mech.groupby("run")["step"].nunique()
-    multi = set(steps[steps >= 2].index)
-    if not multi:
-        raise NoData(
-            "no runs with interventions at two or more training steps in this results table"
-        )
-    info = run_info(rel)
-    # Failed runs stay, so the summary counts them.
-    keep = set(info.loc[info["status"] == "failed", "run"]) | multi
-    rel = rel[rel["run"].isin(keep)]
-    rel = rel.assign(_task=rel["run"].map(task_labels(rel)))
-    selected = best_lr(rel, by=["_task", ARCH_LABEL, D_MODEL], choose=None)
-    measures = restore_measures()
-    values = measure_values(selected, measures, all_steps=True)
-    values = values.merge(run_info(selected)[["run", "status", "_task", ARCH_LABEL, D_MODEL]])
-    data = seed_summary(values, by=["_task", ARCH_LABEL, D_MODEL, "measure", "step"])
-    data = data.rename(columns={"_task": "task", ARCH_LABEL: "architecture", D_MODEL: "d_model"})
-    panels = sorted(
-        {(t, a) for t, a in zip(data["task"], data["architecture"], strict=True)},
-        key=lambda p: (p[0], arch_key(p[1])),
-    )
-    return Curves(
-        title="mechanistic metrics over training",
-        plot_title=f"restored likelihood at {site_title(rel, RESTORE_SITE)} over training",
-        data=data,
-        panels=panels,
-        measures=[m.label for m in measures],
-        runs=rel,
-    )
-
-
-# ---------------------------------------------------------------------------- task family
-@figure("noisy-ar-restore")
-def noisy_ar_restore(df: pd.DataFrame) -> Heatmaps:
-    """Noisy AR: as Fig. 3, restored @ key, value, query."""
-    return _restore(df, "noisy_ar", "Noisy AR")
-
-
-@figure("overwrite-ar-restore")
-def overwrite_ar_restore(df: pd.DataFrame) -> Heatmaps:
-    """Overwrite AR: as Fig. 3, restored @ key, value, query (the latest
-    occurrence) and @ stale key, stale value (the overwritten one)."""
-    roles = ("key", "value", "query", "stale_key", "stale_value")
-    return _restore(df, "overwrite_ar", "Overwrite AR", roles)
-
-
-@figure("mqar-restore")
-def mqar_restore(df: pd.DataFrame) -> Heatmaps:
-    """MQAR: as Fig. 3, one probe per query, restored @ key, value, query."""
-    return _restore(df, "mqar", "MQAR")
-
-
-@figure("compositional-mqar-restore")
-def compositional_mqar_restore(df: pd.DataFrame) -> Heatmaps:
-    """Compositional MQAR: restored @ each key token, the value and each query
-    token, to show where the two-token key is composed."""
-    roles = ("key_first", "key_last", "value", "query_first", "query")
-    return _restore(df, "compositional_mqar", "Compositional MQAR", roles)
-
-
-# ---------------------------------------------------------------------------- state size
-@figure("state-size")
-def state_size(df: pd.DataFrame) -> StateScatter:
-    """Zoology's accuracy against state size: each finished run's final test
-    accuracy against the floats its model carries per sequence (results column state_size),
-    for any experiment."""
-    if "state_size" not in df.columns or df["state_size"].isna().all():
-        raise NoData("no run with a known state size in this results table")
-    accuracy = _run_scores(df, "test", "accuracy")
-    if accuracy.empty:
-        raise NoData("no finished run with a test accuracy in this results table")
-    info = run_info(df).set_index("run")
-    data = pd.DataFrame(
-        {
-            "run": accuracy.index,
-            "architecture": info.loc[accuracy.index, ARCH_LABEL].to_numpy(),
-            "state_size": info.loc[accuracy.index, "state_size"].to_numpy(),
-            "accuracy": 100 * accuracy.to_numpy(),
-        }
-    ).dropna(subset=["state_size"])
-    if data.empty:
-        raise NoData("no finished run with a known state size in this results table")
-    data = data.sort_values(["architecture", "state_size"], key=_arch_then_value)
-    return StateScatter("test accuracy against state size", data.reset_index(drop=True), df)
-
-
-def _arch_then_value(column: pd.Series) -> pd.Series:
-    return column.map(arch_key) if column.name == "architecture" else column

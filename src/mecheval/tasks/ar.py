@@ -21,15 +21,10 @@ import torch
 from pydantic import Field, ValidationInfo, field_validator
 
 from mecheval.errors import ConfigError
-from mecheval.tasks.base import (
-    SPLIT_IDS,
-    check_split,
-    out_of_range,
-    torch_generator,
-)
+from mecheval.tasks.base import SPLIT_IDS, check_split, held_out_fraction, torch_generator
 from mecheval.tasks.batch import Batch
 from mecheval.tasks.documents import Documents
-from mecheval.tasks.family import KeyValueConfig, distinct_rows
+from mecheval.tasks.family import KeyValueConfig, at_most_pairs, distinct_rows, pair_roles
 from mecheval.tasks.vocab import BOS, DIV
 
 
@@ -61,20 +56,14 @@ class ARConfig(KeyValueConfig):
     min_pairs: int | None = Field(
         None, ge=1, description="fewest pairs when lengths vary (default: n_pairs, fixed length)"
     )
-    split_pairs: float | None = Field(
-        None,
-        gt=0,
-        lt=1,
-        description="fraction of (key, value) pairs held out: only test documents query them",
+    split_pairs: float | None = held_out_fraction(
+        "fraction of (key, value) pairs held out: only test documents query them"
     )
 
     @field_validator("min_pairs")
     @classmethod
     def _min_fits(cls, v: int | None, info: ValidationInfo) -> int | None:
-        n_pairs = info.data.get("n_pairs")
-        if v is not None and n_pairs is not None and v > n_pairs:
-            raise out_of_range(f"allowed 1..n_pairs={n_pairs}", v)
-        return v
+        return at_most_pairs(v, info)
 
     @field_validator("split_pairs")
     @classmethod
@@ -177,11 +166,8 @@ def generate_ar(cfg: ARConfig, split: str, n: int) -> Documents:
     query_key = keys[rows, qi]
     tokens[rows, divider + 1] = cfg.key_id(query_key)
     lengths = divider + 2
-    key_pos = 1 + 2 * qi
     roles = {
-        "key": key_pos,
-        "value": key_pos + 1,
-        "next_key": key_pos + 2,
+        **pair_roles(qi),
         "divider": divider,
         "query": divider + 1,
     }

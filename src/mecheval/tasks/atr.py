@@ -37,7 +37,14 @@ import torch
 from pydantic import Field, ValidationInfo, field_validator
 
 from mecheval.tasks.atr_trees import ATRTrees, tree_shape
-from mecheval.tasks.base import SPLIT_IDS, TaskConfigBase, check_split, numpy_rng, present_ids
+from mecheval.tasks.base import (
+    SPLIT_IDS,
+    TaskConfigBase,
+    check_split,
+    held_out_fraction,
+    numpy_rng,
+    present_ids,
+)
 from mecheval.tasks.batch import Batch
 from mecheval.tasks.documents import Documents
 from mecheval.tasks.no_context import edge_distribution, no_context_accuracy, optimal_guess
@@ -98,11 +105,8 @@ class ATRConfig(TaskConfigBase):
     query: Literal["parent", "sibling", "grandparent", "mixed"] = Field(
         "parent", description="relation asked about; 'mixed' adds a query-type token"
     )
-    split: float | None = Field(
-        None,
-        gt=0,
-        lt=1,
-        description="fraction of (query, answer) terminal pairs seen only in test (App. D.2)",
+    split: float | None = held_out_fraction(
+        "fraction of (query, answer) terminal pairs seen only in test (App. D.2)"
     )
 
     @field_validator("split")

@@ -181,6 +181,12 @@ def fits_distinct_pairs(v: int, info: Any) -> int:
     return v
 
 
+def held_out_fraction(description: str) -> Any:
+    """A field for the fraction of a task's pairs that only test documents ask about: unset
+    (no split) or strictly between 0 and 1; its validator calls :func:`check_split`."""
+    return Field(None, gt=0, lt=1, description=description)
+
+
 def check_split(fraction: float, total: int, what: str) -> None:
     """A held-out fraction of ``total`` pairs must leave at least one pair on each side."""
     held = round(fraction * total)

@@ -2,7 +2,8 @@
 share with AR. The recipe (the paper's AR epochs and learning-rate grid, the quick preset's
 per-architecture rates through ``family``), AR's corruption (a key absent from the document),
 the answer candidates (the values of the document's context), AR's vocabulary of keys then
-values, and the draw of distinct ids every generator makes."""
+values, the draw of distinct ids every generator makes, the roles of a queried pair, and the
+check of a count that cannot exceed the pairs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 from pydantic import ValidationInfo, field_validator
 
-from mecheval.tasks.base import TaskConfigBase, fits_distinct_pairs, present_ids
+from mecheval.tasks.base import TaskConfigBase, fits_distinct_pairs, out_of_range, present_ids
 from mecheval.tasks.batch import Batch
 from mecheval.tasks.vocab import N_SPECIAL
 
@@ -72,6 +73,22 @@ class KeyValueConfig(ARFamilyConfig):
 
     def key_class(self) -> tuple[int, int]:
         return int(self.key_id(0)), int(self.key_id(self.n_keys))
+
+
+def pair_roles(pair: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The roles of the queried pair, at index ``pair`` among a document's ``<bos> k v k v ...``:
+    its key, its value right after it, and the token after that (the next pair's key)."""
+    key = 1 + 2 * pair
+    return {"key": key, "value": key + 1, "next_key": key + 2}
+
+
+def at_most_pairs(v: int | None, info: ValidationInfo, why: str = "") -> int | None:
+    """A field validator's body for a count (None: unset) that cannot exceed the document's
+    ``n_pairs`` (validated before it); ``why`` opens the error."""
+    n_pairs = info.data.get("n_pairs")
+    if v is not None and n_pairs is not None and v > n_pairs:
+        raise out_of_range(f"{why}{': ' if why else ''}allowed 1..n_pairs={n_pairs}", v)
+    return v
 
 
 def _has_duplicate(rows: torch.Tensor) -> torch.Tensor:

@@ -50,7 +50,13 @@ from pydantic import Field, ValidationInfo, field_validator
 from mecheval.tasks.base import SPLIT_IDS, out_of_range, torch_generator
 from mecheval.tasks.batch import ANSWER_POSITIONS, ANSWERS
 from mecheval.tasks.documents import Documents
-from mecheval.tasks.family import ARFamilyConfig, KeyValueConfig, distinct_rows
+from mecheval.tasks.family import (
+    ARFamilyConfig,
+    KeyValueConfig,
+    at_most_pairs,
+    distinct_rows,
+    pair_roles,
+)
 from mecheval.tasks.vocab import BOS, N_SPECIAL
 
 
@@ -72,10 +78,7 @@ class MultiQueryConfig(ARFamilyConfig):
     @field_validator("n_queries", check_fields=False)
     @classmethod
     def _queries_fit(cls, v: int | None, info: ValidationInfo) -> int | None:
-        pairs = info.data.get("n_pairs")
-        if v is not None and pairs is not None and v > pairs:
-            raise out_of_range(f"queries ask distinct keys: allowed 1..n_pairs={pairs}", v)
-        return v
+        return at_most_pairs(v, info, "queries ask distinct keys")
 
     @field_validator("seq_len", check_fields=False)
     @classmethod
@@ -292,12 +295,6 @@ def generate_mqar(cfg: MQARConfig, split: str, n: int) -> Documents:
     tokens[:, 1:context_end] = pairs.reshape(n, 2 * p)
     query_pos = context_end + 2 * slots
     tokens.scatter_(1, query_pos, cfg.key_id(keys.gather(1, asked)))
-    key_pos = 1 + 2 * asked
-    roles = {
-        "key": key_pos,
-        "value": key_pos + 1,
-        "next_key": key_pos + 2,
-        "query": query_pos,
-    }
+    roles = {**pair_roles(asked), "query": query_pos}
     answers = cfg.value_id(values.gather(1, asked))
     return split_rows(split, tokens, query_pos, answers, roles)

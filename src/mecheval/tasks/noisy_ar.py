@@ -35,7 +35,7 @@ from pydantic import Field, field_validator
 
 from mecheval.tasks.base import SPLIT_IDS, out_of_range, torch_generator
 from mecheval.tasks.documents import Documents
-from mecheval.tasks.family import KeyValueConfig, distinct_rows
+from mecheval.tasks.family import KeyValueConfig, distinct_rows, pair_roles
 from mecheval.tasks.vocab import BOS, DIV, N_SPECIAL
 
 
@@ -127,12 +127,9 @@ def generate_noisy_ar(cfg: NoisyARConfig, split: str, n: int) -> Documents:
     tokens[:, 1 : 1 + 2 * s] = slots.reshape(n, 2 * s)
     tokens[:, 2 * s + 1] = DIV
     tokens[:, 2 * s + 2] = cfg.key_id(keys[rows, qi])
-    key_pos = 1 + 2 * qi
     full = torch.full((n,), 2 * s + 1, dtype=torch.long)
     roles = {
-        "key": key_pos,
-        "value": key_pos + 1,
-        "next_key": key_pos + 2,
+        **pair_roles(qi),
         "divider": full,
         "query": full + 1,
     }

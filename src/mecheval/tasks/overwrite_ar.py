@@ -38,7 +38,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from mecheval.tasks.base import SPLIT_IDS, out_of_range, torch_generator
 from mecheval.tasks.documents import Documents
-from mecheval.tasks.family import KeyValueConfig, distinct_rows
+from mecheval.tasks.family import KeyValueConfig, distinct_rows, pair_roles
 from mecheval.tasks.vocab import BOS, DIV
 
 
@@ -154,13 +154,10 @@ def generate_overwrite_ar(cfg: OverwriteARConfig, split: str, n: int) -> Documen
     tokens[:, 1 : width - 2] = pairs.reshape(n, 2 * (p + u))
     tokens[:, width - 2] = DIV
     tokens[:, width - 1] = cfg.key_id(keys[rows, first])
-    key_pos = 1 + 2 * latest_slot
     stale_pos = 1 + 2 * first
     full = torch.full((n,), width - 2, dtype=torch.long)
     roles = {
-        "key": key_pos,
-        "value": key_pos + 1,
-        "next_key": key_pos + 2,
+        **pair_roles(latest_slot),
         "divider": full,
         "query": full + 1,
         "stale_key": stale_pos,

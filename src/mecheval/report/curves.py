@@ -1,0 +1,109 @@
+"""Curves over training: measures against the step, one panel per (task, architecture) and
+d_model, and the same numbers as markdown (the layout of the emergence figure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import matplotlib
+import pandas as pd
+from matplotlib.figure import Figure
+
+from mecheval.report.render import LR_TUNED, FigureResult, md_table, runs_summary, wrapped_title
+from mecheval.report.select import value_label
+from mecheval.report.tables import format_cell
+
+
+@dataclass
+class Curves:
+    """Measures against the training step: one panel per (task, architecture) row and
+    d_model column. ``data`` is a seed summary with columns task, architecture, d_model,
+    measure, step; ``title`` heads the markdown, ``plot_title`` the picture."""
+
+    title: str
+    plot_title: str
+    data: pd.DataFrame
+    panels: list[tuple[str, str]]
+    measures: list[str]
+    runs: pd.DataFrame
+    tuned: str = LR_TUNED
+
+    def render(self, name: str) -> FigureResult:
+        return FigureResult(
+            name=name,
+            markdown=self._markdown(name),
+            figure=self._figure(name),
+            data=self.data,
+        )
+
+    def _widths(self) -> list[Any]:
+        return sorted(self.data["d_model"].unique())
+
+    def _here(self, task: str, arch: str, width: Any) -> pd.DataFrame:
+        data = self.data
+        return data[
+            (data["task"] == task) & (data["architecture"] == arch) & (data["d_model"] == width)
+        ]
+
+    def _figure(self, name: str) -> Figure:
+        widths = self._widths()
+        figure_width = 2.6 * len(widths) + 0.6
+        fig = Figure(figsize=(figure_width, 2.0 * len(self.panels) + 0.8), layout="constrained")
+        wrapped_title(fig, f"{name}: {self.plot_title}", figure_width)
+        axes = fig.subplots(len(self.panels), len(widths), squeeze=False, sharey=True)
+        colours = dict(zip(self.measures, matplotlib.colormaps["tab10"].colors, strict=False))
+        for i, (task, arch) in enumerate(self.panels):
+            for j, width in enumerate(widths):
+                ax = axes[i][j]
+                here = self._here(task, arch, width)
+                for measure in self.measures:
+                    line = here[here["measure"] == measure].sort_values("step")
+                    if line.empty:
+                        continue
+                    ax.plot(
+                        line["step"],
+                        line["mean"],
+                        marker="o",
+                        ms=2,
+                        lw=1,
+                        color=colours[measure],
+                        label=measure,
+                    )
+                    if line["ci"].notna().any():
+                        ax.fill_between(
+                            line["step"],
+                            line["lo"],
+                            line["hi"],
+                            alpha=0.2,
+                            color=colours[measure],
+                            lw=0,
+                        )
+                ax.set_ylim(0, 100)
+                ax.set_title(f"{task} {arch}, d={value_label(width)}", fontsize=7)
+                ax.tick_params(labelsize=6)
+                ax.set_xlabel("step", fontsize=6)
+        axes[0][0].set_ylabel("likelihood (%)", fontsize=6)
+        axes[0][0].legend(fontsize=5, loc="best")
+        return fig
+
+    def _markdown(self, name: str) -> str:
+        lines = [f"## {name}: {self.title}", ""]
+        lines += runs_summary(self.runs, [self.data], self.tuned)
+        lines.append("")
+        for task, arch in self.panels:
+            lines += [f"### {task}, {arch}", ""]
+            body = []
+            for width in self._widths():
+                here = self._here(task, arch, width)
+                for step in sorted(here["step"].unique()):
+                    at = here[here["step"] == step].set_index("measure")
+                    body.append(
+                        [value_label(width), value_label(step)]
+                        + [
+                            format_cell(*at.loc[m, ["mean", "ci"]]) if m in at.index else ""
+                            for m in self.measures
+                        ]
+                    )
+            lines += [*md_table(["d_model", "step", *self.measures], body), ""]
+        return "\n".join(lines).rstrip() + "\n"

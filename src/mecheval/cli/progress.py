@@ -237,20 +237,32 @@ def _outcome(event: SweepEvent) -> Outcome | None:
 # ---------------------------------------------------------------------------- sweep displays
 
 
-class PlainSweepLog:
+class PlainLines:
+    """Progress as plain lines through ``write`` (a log has no terminal to redraw), the
+    periodic ones at most every ``every`` seconds (:meth:`due`)."""
+
+    def __init__(
+        self, write: Write = write_stderr, clock: Clock = time.monotonic, every: float = PLAIN_EVERY
+    ) -> None:
+        self.write, self.clock, self.every = write, clock, every
+        self.last = self.clock()
+
+    def due(self) -> bool:
+        """Whether ``every`` seconds have passed since the last periodic line; if so, the
+        wait starts again."""
+        if self.clock() - self.last < self.every:
+            return False
+        self.last = self.clock()
+        return True
+
+
+class PlainSweepLog(PlainLines):
     """A sweep's progress as plain lines (for a log): the status every ``every`` seconds,
     and a line when a run ends."""
 
-    def __init__(
-        self,
-        total_runs: int,
-        write: Write = write_stderr,
-        clock: Clock = time.monotonic,
-        every: float = PLAIN_EVERY,
-    ) -> None:
-        self.tracker = SweepTracker(total_runs, clock)
-        self.write, self.clock, self.every = write, clock, every
-        self.last = self.clock()
+    def __init__(self, total_runs: int, **lines: Any) -> None:
+        super().__init__(**lines)
+        self.tracker = SweepTracker(total_runs, self.clock)
 
     def __enter__(self) -> PlainSweepLog:
         # At once: starting the workers and the first runs' datasets can take a while.
@@ -270,8 +282,7 @@ class PlainSweepLog:
             )
             return
         tracker.progress(cast("RunProgress", event))
-        if self.clock() - self.last >= self.every:
-            self.last = self.clock()
+        if self.due():
             self.write(tracker.status_line())
 
 

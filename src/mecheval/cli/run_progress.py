@@ -8,6 +8,7 @@ import math
 import sys
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -19,7 +20,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from mecheval.cli.progress import PLAIN_EVERY, Clock, Write, eta_seconds, run_line, write_stderr
+from mecheval.cli.progress import Clock, PlainLines, eta_seconds, run_line
 from mecheval.training.reporter import NullReporter, Reporter, print_warning
 
 #: Seconds between two redraws of a bar at the most when steps are slow.
@@ -39,19 +40,14 @@ def _evals_text(results: Mapping[str, Mapping[str, float]]) -> str:
     return "" if dev is None else f"acc {dev['accuracy']:.3f} p(y) {dev['likelihood']:.3f}"
 
 
-class PlainReporter:
+class PlainReporter(PlainLines):
     """One run's progress as plain lines: at the start, every ``every`` seconds, at the end."""
 
-    def __init__(
-        self,
-        label: str,
-        write: Write = write_stderr,
-        clock: Clock = time.monotonic,
-        every: float = PLAIN_EVERY,
-    ) -> None:
-        self.label, self.write, self.clock, self.every = label, write, clock, every
+    def __init__(self, label: str, **lines: Any) -> None:
+        super().__init__(**lines)
+        self.label = label
         self.total = self.first = self.now = 0
-        self.since = self.last = 0.0
+        self.since = 0.0
         self.loss: float | None = None
         self.evals = ""
 
@@ -68,8 +64,7 @@ class PlainReporter:
     def step(self, step: int, loss: float) -> None:
         self.now, self.loss = step, loss
         # The last step's line is stop()'s, with the final evaluation.
-        if step < self.total and self.clock() - self.last >= self.every:
-            self.last = self.clock()
+        if step < self.total and self.due():
             self.write(self._line())
 
     def evaluated(self, step: int, results: Mapping[str, Mapping[str, float]]) -> None:

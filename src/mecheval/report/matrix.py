@@ -10,7 +10,6 @@ the run with the highest dev accuracy, as the figures LR-tune.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from matplotlib.patches import Patch, Rectangle
 
 from mecheval.models.registry import architecture_label, architecture_rank
 from mecheval.report.render import FigureResult, md_table
+from mecheval.report.results import is_missing
 from mecheval.tasks import TASKS, task_label
 
 
@@ -44,13 +44,13 @@ def _task_label(kind: Any) -> str:
 
 
 def _conv_order(value: Any) -> tuple[int, float]:
-    if _missing(value):
+    if is_missing(value):
         return (1, 0.0)
     return (0, 0.0) if value == "none" else (2, float(value))
 
 
 def _conv_label(value: Any) -> str:
-    if _missing(value):
+    if is_missing(value):
         return "default"
     return "no short conv" if value == "none" else f"short conv {int(float(value))}"
 
@@ -71,12 +71,8 @@ LABEL_COLOURS = {
 NO_LABEL = "#ffffff"
 
 
-def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
 def _percent(value: Any) -> str:
-    return "–" if _missing(value) else f"{100 * float(value):.0f}"
+    return "–" if is_missing(value) else f"{100 * float(value):.0f}"
 
 
 def best_runs(records: pd.DataFrame, columns: Columns = TASK_COLUMNS) -> pd.DataFrame:
@@ -84,7 +80,7 @@ def best_runs(records: pd.DataFrame, columns: Columns = TASK_COLUMNS) -> pd.Data
     and unmeasured runs last), architectures in the paper's order, columns in ``columns``'."""
     if records.empty:
         return records
-    key = records[columns.column].map(lambda v: "<default>" if _missing(v) else str(v))
+    key = records[columns.column].map(lambda v: "<default>" if is_missing(v) else str(v))
     ranked = records.assign(
         _key=key,
         _done=records["status"] == "done",
@@ -99,14 +95,14 @@ def best_runs(records: pd.DataFrame, columns: Columns = TASK_COLUMNS) -> pd.Data
 
 def cell_text(row: pd.Series) -> str:
     """``label`` / ``acc 97, value 95%`` (or the run's state where it has no label)."""
-    if _missing(row["label"]):
+    if is_missing(row["label"]):
         return str(row["status"])
     return f"{row['label']}; acc {_percent(row['accuracy'])}%, {_best_role(row)}"
 
 
 def _best_role(row: pd.Series) -> str:
     """``value 95%``: the role that recovers most, or that none recovers anything."""
-    if _missing(row["best role"]) or _missing(row["recovered"]) or row["recovered"] <= 0:
+    if is_missing(row["best role"]) or is_missing(row["recovered"]) or row["recovered"] <= 0:
         return "no role recovers"
     return f"{row['best role']} {_percent(row['recovered'])}%"
 
@@ -121,7 +117,7 @@ def _axes(best: pd.DataFrame, columns: Columns) -> tuple[list[str], list[Any]]:
 
 
 def _cell_key(value: Any) -> str:
-    return "<default>" if _missing(value) else str(value)
+    return "<default>" if is_missing(value) else str(value)
 
 
 def _cells(best: pd.DataFrame, columns: Columns) -> dict[tuple[str, str], pd.Series]:
@@ -167,7 +163,7 @@ def matrix_figure(best: pd.DataFrame, columns: Columns = TASK_COLUMNS) -> Figure
     for i, arch in enumerate(archs):
         for j, value in enumerate(values):
             row = cells.get((arch, _cell_key(value)))
-            label = None if row is None or _missing(row["label"]) else str(row["label"])
+            label = None if row is None or is_missing(row["label"]) else str(row["label"])
             colour = LABEL_COLOURS.get(label, NO_LABEL) if label else NO_LABEL
             ax.add_patch(Rectangle((j, i), 1, 1, facecolor=colour, edgecolor="white", lw=1.5))
             if row is None:

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from mecheval.report.results import _key, _na, run_info
+from mecheval.report.results import grouping_key, is_missing, run_info
 from mecheval.report.select import Section, value_label
 from mecheval.report.tables import format_cell
 
@@ -82,7 +82,7 @@ def _cells(section: Section, panel: str) -> dict[tuple[Any, Any], tuple[float, f
         return {}
     data = data[data["measure"] == panel]
     return {
-        (_key(r), _key(c)): (m, ci, f)
+        (grouping_key(r), grouping_key(c)): (m, ci, f)
         for r, c, m, ci, f in zip(
             data["row"], data["col"], data["mean"], data["ci"], data["failed"], strict=True
         )
@@ -125,16 +125,16 @@ def _heatmap(ax: Any, section: Section, panel: str, vmax: float, first: bool) ->
         for j, c in enumerate(section.cols):
             mean, ci, _ = cells.get((r, c), (math.nan, math.nan, 0))
             grid[i, j] = mean
-            if _na(mean):
+            if is_missing(mean):
                 continue
-            text = f"{mean:.1f}" if _na(ci) else f"{mean:.1f}\n±{ci:.1f}"
+            text = f"{mean:.1f}" if is_missing(ci) else f"{mean:.1f}\n±{ci:.1f}"
             ax.text(
                 j,
                 i,
                 text,
                 ha="center",
                 va="center",
-                fontsize=6 if _na(ci) else 5,
+                fontsize=6 if is_missing(ci) else 5,
                 color="white" if mean < 0.6 * vmax else "black",
             )
     ax.imshow(np.ma.masked_invalid(grid), cmap=_CMAP, vmin=0.0, vmax=vmax, aspect="auto")

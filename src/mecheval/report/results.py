@@ -79,23 +79,24 @@ def load_table(path: str | Path) -> pd.DataFrame:
     return normalise(table)
 
 
-def _na(value: Any) -> bool:
+def is_missing(value: Any) -> bool:
+    """None, pandas' NA or a float NaN: a value a table shows as missing."""
     if value is None or value is pd.NA:
         return True
     return isinstance(value, float | np.floating) and math.isnan(value)
 
 
-def _key(value: Any) -> Hashable:
+def grouping_key(value: Any) -> Hashable:
     """A grouping key where every flavour of missing is the same ``None``."""
-    if _na(value):
+    if is_missing(value):
         return None
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, dict):
         # An empty options block ({}) is flattened to a value, not to columns.
-        return tuple(sorted((str(k), _key(v)) for k, v in value.items()))
+        return tuple(sorted((str(k), grouping_key(v)) for k, v in value.items()))
     if isinstance(value, list | tuple | set):
-        return tuple(_key(v) for v in value)
+        return tuple(grouping_key(v) for v in value)
     try:
         hash(value)
     except TypeError:

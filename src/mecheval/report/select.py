@@ -23,8 +23,8 @@ from mecheval.report.results import (
     ARCH,
     D_MODEL,
     N_LAYERS,
-    _key,
-    _na,
+    grouping_key,
+    is_missing,
     normalise,
     run_info,
     setting_columns,
@@ -100,8 +100,8 @@ def standard(df: pd.DataFrame, keep: Iterable[str] = ()) -> pd.DataFrame:
     info = run_info(df)
     mask = pd.Series(True, index=info.index)
     strict = {
-        QUERY: lambda v: _na(v) or str(v) == "parent",
-        TASK_SPLIT: lambda v: _na(v) or float(v) == 0.0,
+        QUERY: lambda v: is_missing(v) or str(v) == "parent",
+        TASK_SPLIT: lambda v: is_missing(v) or float(v) == 0.0,
     }
     for column, test in strict.items():
         if column in info.columns and column not in keep:
@@ -110,10 +110,10 @@ def standard(df: pd.DataFrame, keep: Iterable[str] = ()) -> pd.DataFrame:
     # Each test sees (value, architecture): the paper's figures train attention with position
     # embeddings and the other mixers without (the registry's default per architecture).
     prefer: dict[str, tuple[Callable[[Any, str], bool], set[str] | None]] = {
-        N_LAYERS: (lambda v, a: _na(v) or int(v) == 2, None),
-        PE: (lambda v, a: bool(v) == default_position_embedding(a) if not _na(v) else True, None),
-        D_CONV: (lambda v, a: not _na(v) and float(v) == 4.0, {"mamba"}),
-        LONG_CONV: (lambda v, a: _na(v) or not bool(v), {"based"}),
+        N_LAYERS: (lambda v, a: is_missing(v) or int(v) == 2, None),
+        PE: (lambda v, a: is_missing(v) or bool(v) == default_position_embedding(a), None),
+        D_CONV: (lambda v, a: not is_missing(v) and float(v) == 4.0, {"mamba"}),
+        LONG_CONV: (lambda v, a: is_missing(v) or not bool(v), {"based"}),
     }
     for column, (test, archs) in prefer.items():
         if column not in info.columns or column in keep:
@@ -140,7 +140,7 @@ def distinct(df: pd.DataFrame, column: str) -> list[Any]:
     """The values ``column`` takes over the runs, sorted, missing as None."""
     if column not in df.columns:
         return []
-    return sorted({_key(v) for v in run_info(df)[column]}, key=sort_key)
+    return sorted({grouping_key(v) for v in run_info(df)[column]}, key=sort_key)
 
 
 def has_mechanistic(df: pd.DataFrame) -> bool:
@@ -158,7 +158,7 @@ def task_labels(df: pd.DataFrame) -> dict[str, str]:
     out: dict[str, str] = {}
     for kind in kinds.unique():
         runs = info[kinds == kind]
-        varying = [c for c in columns if len({_key(v) for v in runs[c]}) > 1]
+        varying = [c for c in columns if len({grouping_key(v) for v in runs[c]}) > 1]
         for _, row in runs.iterrows():
             extra = ", ".join(f"{c[5:]}={value_label(row[c])}" for c in varying)
             out[row["run"]] = f"{kind} ({extra})" if extra else kind
@@ -185,7 +185,7 @@ def arch_key(label: Any) -> tuple[int, str]:
 
 def value_label(value: Any) -> str:
     """A config value as a row, column or task label: 1e-3 not 0.001, 64 not 64.0."""
-    if _na(value):
+    if is_missing(value):
         return "none"
     if isinstance(value, bool | np.bool_):
         return str(bool(value))
@@ -219,8 +219,8 @@ def section(
             cell_summary(subset, measures, row, D_MODEL, tune=tune, tune_metric=tune_metric)
         )
         info = run_info(subset)
-        rows |= {_key(v) for v in info[row]}
-        cols |= {_key(v) for v in info[D_MODEL]}
+        rows |= {grouping_key(v) for v in info[row]}
+        cols |= {grouping_key(v) for v in info[D_MODEL]}
     data = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     return Section(
         title=title,

@@ -21,7 +21,7 @@ import pandas as pd
 from mecheval.models.sites import LAST, describe_site, layer_site
 from mecheval.report.registry import figure
 from mecheval.report.render import Heatmaps, dev_test_scatter
-from mecheval.report.results import ARCH, D_MODEL, LR, N_LAYERS, _na, run_info
+from mecheval.report.results import ARCH, D_MODEL, LR, N_LAYERS, is_missing, run_info
 from mecheval.report.select import (
     ARCH_LABEL,
     D_CONV,
@@ -102,7 +102,7 @@ def ar_restore(df: pd.DataFrame) -> Heatmaps:
 
 
 def _conv_label(value: Any) -> str:
-    return "none" if _na(value) else str(int(float(value)))
+    return "none" if is_missing(value) else str(int(float(value)))
 
 
 def _conv_key(label: Any) -> tuple[int, float]:
@@ -118,9 +118,9 @@ def _mamba_by_conv(rel: pd.DataFrame) -> pd.DataFrame:
 
 
 def _based_variant(row: pd.Series, kernel: str | None) -> str:
-    if LONG_CONV in row.index and not _na(row[LONG_CONV]) and bool(row[LONG_CONV]):
+    if LONG_CONV in row.index and not is_missing(row[LONG_CONV]) and bool(row[LONG_CONV]):
         return "long conv"
-    if kernel is not None and not _na(row[kernel]):
+    if kernel is not None and not is_missing(row[kernel]):
         return f"short, k={value_label(row[kernel])}"
     return "short conv"
 
@@ -235,7 +235,7 @@ def pos_emb(df: pd.DataFrame) -> Heatmaps:
         raise NoData(f"needs runs with and without position embeddings ({PE})")
     rel = standard(df, keep={PE, QUERY, TASK_SPLIT})
     rel = rel.assign(
-        _pe=rel[PE].map(lambda v: "PE" if _na(v) or bool(v) else "NoPE"),
+        _pe=rel[PE].map(lambda v: "PE" if is_missing(v) or bool(v) else "NoPE"),
         _task=rel["run"].map(task_labels(rel)),
     )
     sections = []
@@ -254,7 +254,7 @@ def generalisation(df: pd.DataFrame) -> Heatmaps:
     atr = of_kind(df, "atr")
     if TASK_SPLIT not in atr.columns:
         raise NoData(f"no ATR runs with {TASK_SPLIT} in this results table")
-    atr = atr[atr[TASK_SPLIT].map(lambda v: not _na(v) and float(v) > 0)]
+    atr = atr[atr[TASK_SPLIT].map(lambda v: not is_missing(v) and float(v) > 0)]
     rel = standard(atr, keep={TASK_SPLIT})
     if rel.empty:
         raise NoData(f"no ATR runs with a train/test split ({TASK_SPLIT}) in this results table")

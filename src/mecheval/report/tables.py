@@ -31,8 +31,8 @@ from mecheval.report.results import (
     D_MODEL,
     LR,
     N_LAYERS,
-    _key,
-    _na,
+    grouping_key,
+    is_missing,
     normalise,
     run_info,
     setting_columns,
@@ -106,8 +106,8 @@ def best_lr(
     # Only runs with a score vote, so a half-failed LR is judged on its surviving seeds.
     groups: dict[Hashable, dict[Hashable, list[str]]] = {}
     for _, row in info.iterrows():
-        group = tuple(_key(row[c]) for c in by)
-        setting = tuple(_key(row[c]) for c in choice)
+        group = tuple(grouping_key(row[c]) for c in by)
+        setting = tuple(grouping_key(row[c]) for c in choice)
         groups.setdefault(group, {}).setdefault(setting, []).append(row["run"])
     keep: list[str] = []
     for settings in groups.values():
@@ -139,7 +139,8 @@ def seed_summary(df: pd.DataFrame, by: Sequence[str], value: str = "value") -> p
     frame = pd.DataFrame(
         {"run": df["run"].astype(str), "status": status.astype(str), "_v": df[value]}
     )
-    keys = [tuple(_key(v) for v in row) for row in df[by].itertuples(index=False, name=None)]
+    rows = df[by].itertuples(index=False, name=None)
+    keys = [tuple(grouping_key(v) for v in row) for row in rows]
     frame["_g"] = keys
     firsts = dict(zip(keys, df[by].itertuples(index=False, name=None), strict=True))
     records = []
@@ -223,7 +224,7 @@ def last_layers(df: pd.DataFrame) -> dict[str, int]:
     seen = df[df["layer"].notna() & (df["layer"] >= 0)].groupby("run")["layer"].max()
     for _, row in info.iterrows():
         n = row.get(N_LAYERS)
-        if not _na(n):
+        if not is_missing(n):
             out[row["run"]] = int(n) - 1
         elif row["run"] in seen.index:
             out[row["run"]] = int(seen[row["run"]])
@@ -371,8 +372,8 @@ def restore_table(
 
 
 def format_cell(mean: float, ci: float, digits: int = 1) -> str:
-    if _na(mean):
+    if is_missing(mean):
         return ""
-    if _na(ci):
+    if is_missing(ci):
         return f"{mean:.{digits}f}"
     return f"{mean:.{digits}f} ± {ci:.{digits}f}"

@@ -6,6 +6,7 @@ parameters; and which runs may form a group (:func:`groupable`).
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import time
 import warnings
@@ -70,6 +71,13 @@ def groupable(cfgs: Sequence[RunConfig], max_size: int | None = None) -> list[li
 # ----------------------------------------------------------------------------- the group
 
 
+def query_loss(
+    model: Any, tokens: torch.Tensor, query: torch.Tensor, answer: torch.Tensor
+) -> torch.Tensor:
+    """``answer_loss`` on one stack slot's batch, given as tensors (vmap maps tensors)."""
+    return answer_loss(model, Batch(tokens, answer, {"query": query}))
+
+
 class GroupTrainer:
     """K same-shaped runs trained in lockstep; see the module docstring.
 
@@ -118,36 +126,22 @@ class GroupTrainer:
             for g in range(len(groups))
         ]
         self.optimizer = StackedAdamW(self.params, groups, decay, self.t.betas, self.t.eps)
-        self._grad_fn = vmap(grad_and_value(self._loss))
-        self._grad_fn_multi = vmap(grad_and_value(self._multi_loss), in_dims=(0, 0, 0, None, 0))
-        self._grad_fn_dense = vmap(grad_and_value(self._multi_loss))
+        at_query = functools.partial(self._loss, query_loss)
+        at_positions = functools.partial(self._loss, multi_answer_loss)
+        self._grad_fn = vmap(grad_and_value(at_query))
+        self._grad_fn_multi = vmap(grad_and_value(at_positions), in_dims=(0, 0, 0, None, 0))
+        self._grad_fn_dense = vmap(grad_and_value(at_positions))
 
     # ------------------------------------------------------------------ the vmapped step
     def _loss(
-        self,
-        params: Tensors,
-        buffers: Tensors,
-        tokens: torch.Tensor,
-        query: torch.Tensor,
-        answer: torch.Tensor,
+        self, loss: Any, params: Tensors, buffers: Tensors, *inputs: torch.Tensor
     ) -> torch.Tensor:
-        model = Functional(self.shell, params, buffers)
-        # Autocast inside the differentiated function covers the forward only, as in
-        # Trainer.loss: grad_and_value runs the backward after this returns.
-        with autocast(self.t.precision, self.device):
-            return answer_loss(model, Batch(tokens, answer, {"query": query}))  # type: ignore[arg-type]
-
-    def _multi_loss(
-        self,
-        params: Tensors,
-        buffers: Tensors,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        answers: torch.Tensor,
-    ) -> torch.Tensor:
+        """``loss(model, *inputs)`` with the stack slot's parameters; autocast inside the
+        differentiated function covers the forward only, as in Trainer.loss: grad_and_value
+        runs the backward after this returns."""
         model = Functional(self.shell, params, buffers)
         with autocast(self.t.precision, self.device):
-            return multi_answer_loss(model, tokens, positions, answers)  # type: ignore[arg-type]
+            return loss(model, *inputs)
 
     def grads_and_losses(
         self, params: Tensors, buffers: Tensors, batches: Sequence[Batch], step: int

@@ -10,7 +10,7 @@ import functools
 import json
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +134,11 @@ class GroupTrainer:
 
     # ------------------------------------------------------------------ the vmapped step
     def _loss(
-        self, loss: Any, params: Tensors, buffers: Tensors, *inputs: torch.Tensor
+        self,
+        loss: Callable[..., torch.Tensor],
+        params: Tensors,
+        buffers: Tensors,
+        *inputs: torch.Tensor,
     ) -> torch.Tensor:
         """``loss(model, *inputs)`` with the stack slot's parameters; autocast inside the
         differentiated function covers the forward only, as in Trainer.loss: grad_and_value

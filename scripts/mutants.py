@@ -244,6 +244,30 @@ MUTANTS = [
         "        todo = todo.nonzero()[:, 0]",
         ("tests/test_interventions.py",),
     ),
+    Mutant(
+        "attribution-drops-the-gradient",
+        "attribution patching adds the activation difference without its gradient",
+        "src/mecheval/interventions/attribution.py",
+        "cells[(site, role)] = base + (diff.double() * g.double()).flatten(1).sum(1)",
+        "cells[(site, role)] = base + diff.double().flatten(1).sum(1)",
+        ("tests/test_attribution.py",),
+    ),
+    Mutant(
+        "attribution-wrong-sign",
+        "attribution patching takes the difference from the original to the corrupted run",
+        "src/mecheval/interventions/attribution.py",
+        "diff = source[site][docs, src] - corrupted_run.acts[site][docs, dst]",
+        "diff = corrupted_run.acts[site][docs, dst] - source[site][docs, src]",
+        ("tests/test_attribution.py",),
+    ),
+    Mutant(
+        "attribution-state-before-the-position",
+        "the state site's gradient is taken at the state carried into the position, not after it",
+        "src/mecheval/interventions/attribution.py",
+        "x = block.forward_from(window, start - lo, state, replace=True)",
+        "x = block.forward_from(window, start - lo, state, replace=False)",
+        ("tests/test_attribution.py",),
+    ),
 ]
 
 

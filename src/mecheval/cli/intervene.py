@@ -10,6 +10,7 @@ import typer
 from mecheval.cli import app
 from mecheval.cli.experiments import Documents, check_documents
 from mecheval.errors import ConfigError
+from mecheval.interventions.attribution import DEFAULT_STEPS, METHODS
 
 
 @app.command("intervene")
@@ -36,9 +37,23 @@ def intervene_command(
     device: Annotated[
         str, typer.Option(help="run the model and the interventions on: cpu, cuda, cuda:N, mps")
     ] = "cpu",
+    method: Annotated[
+        str,
+        typer.Option(
+            help="exact (a patched forward per site and role) | attribution (activation "
+            "difference times gradient: one backward) | integrated-gradients (gradients "
+            "averaged on the path from the corrupted to the original embeddings); an "
+            "estimate is graded against the exact table on the same documents"
+        ),
+    ] = "exact",
+    steps: Annotated[
+        int, typer.Option(help="integrated-gradients: points on the path")
+    ] = DEFAULT_STEPS,
 ) -> None:
     """Restore each (site, role) from the original into the key-corrupted document; print
-    the Fig. 3-style table and the mechanism label; write interventions.csv into RUN_DIR."""
+    the Fig. 3-style table and the mechanism label; write interventions.csv into RUN_DIR
+    (with an estimating --method also its table, attribution.csv, and its grade against
+    the exact one, attribution.json)."""
     from mecheval.experiments.mechanisms import INTERVENTIONS_FILE, InterventionPlan, intervene_run
     from mecheval.interventions import restore_view
     from mecheval.interventions.result import RESTORE_METRICS
@@ -51,6 +66,14 @@ def intervene_command(
         raise ConfigError(f"--split: expected dev or test, got {split!r}")
     if metric not in RESTORE_METRICS:
         raise ConfigError(f"--metric: expected one of {', '.join(RESTORE_METRICS)}, got {metric!r}")
+    if method != "exact" and method not in METHODS:
+        raise ConfigError(
+            f"--method: expected exact or one of {', '.join(METHODS)}, got {method!r}"
+        )
+    if method != "exact" and metric != "likelihood":
+        raise ConfigError(f"--metric: {method} estimates the likelihood only, got {metric!r}")
+    if steps < 1:
+        raise ConfigError(f"--steps: expected >= 1, got {steps}")
     if n_docs is not None and n_docs < 1:
         raise ConfigError(f"-n: expected >= 1, got {n_docs}")
     check_documents(documents)
@@ -71,9 +94,14 @@ def intervene_command(
         split=split,
         n_docs=n_docs,
         documents=documents,
+        methods=() if method == "exact" else (method,),
+        steps=steps,
     )
     measured = intervene_run(run_dir, plan, loaded=(cfg, model))
     assert measured is not None  # skip_existing is off
+    if measured.graded:
+        _print_estimate(run_dir, measured.graded[0], measured.n_docs, split, documents)
+        return
     view = restore_view(measured.result.table, metric=metric)
     which = "" if documents == "all" else f" {documents}"
     what = "the true answer" if metric in ("likelihood", "accuracy") else "the candidates"
@@ -91,3 +119,40 @@ def intervene_command(
             typer.echo(f"\noriginal documents: {binding}")
         typer.echo(f"\nmechanism: {measured.label}")
     typer.echo(f"wrote {run_dir / INTERVENTIONS_FILE}")
+
+
+def _print_estimate(run_dir: Path, graded, n_docs: int, split: str, documents: str) -> None:
+    """The estimated table, its label beside the exact one, and its grade."""
+    from mecheval.experiments.mechanisms import ATTRIBUTION_FILE, GRADES_FILE, INTERVENTIONS_FILE
+    from mecheval.interventions import restore_view
+
+    which = "" if documents == "all" else f" {documents}"
+    typer.echo(
+        f"likelihood of the true answer (%), {split} split, {n_docs}{which} documents, "
+        f"estimated by {graded.method}:"
+    )
+    typer.echo(restore_view(graded.result.table).to_markdown())
+    typer.echo("")
+    typer.echo(grade_text(graded.record))
+    typer.echo(f"wrote {run_dir / INTERVENTIONS_FILE} (exact), {ATTRIBUTION_FILE}, {GRADES_FILE}")
+
+
+def grade_text(record: dict) -> str:
+    """A grade (experiments.mechanisms.grade_methods' record) in a few lines."""
+    k = record["k"]
+    recall = (
+        "no cell recovers half the range exactly"
+        if k == 0
+        else f"top-{k} recall {record['recall']:.2f} ({k} cells recover half the range exactly)"
+    )
+    agree = {True: "agree", False: "differ", None: "not both read"}[record["agrees"]]
+    speed = record["exact_seconds"] / record["seconds"] if record["seconds"] else float("nan")
+    return (
+        f"mechanism ({record['method']}): {record['label']}\n"
+        f"mechanism (exact): {record['exact_label']}  -> labels {agree}\n"
+        f"graded over {record['cells']} cells: Pearson r {record['pearson']:.3f}, "
+        f"Spearman rho {record['spearman']:.3f}, {recall}, mean |error| "
+        f"{100 * record['error']:.1f} points\n"
+        f"time: {record['seconds']:.2f} s against the exact engine's "
+        f"{record['exact_seconds']:.2f} s ({speed:.1f}x)"
+    )

@@ -5,6 +5,11 @@ document, runs the interchange engine and writes ``interventions.csv`` (tidy, in
 store's schema) plus ``mechanism.json`` (the label and the numbers it was read from: the
 restores at the label site, and on the original documents accuracy, in-context accuracy and
 mass, the chance level of a guess among the in-context candidates and their mean count).
+A plan with ``methods`` (interventions/attribution.py: ``attribution``,
+``integrated-gradients``) also estimates the same table from gradients, on the same
+documents, and grades each estimate against the exact one (interventions/grading.py):
+``attribution.csv`` holds the estimates (the interventions' columns and ``method``),
+``attribution.json`` per method its grade, its label and both engines' seconds.
 ``EmergenceCallback`` plugs into training and records a small intervention set at every
 evaluation into ``emergence.csv``, so the emergence of a mechanism can be plotted.
 """
@@ -12,6 +17,8 @@ evaluation into ``emergence.csv``, so the emergence of a mechanism can be plotte
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -23,11 +30,14 @@ from mecheval.errors import ConfigError
 from mecheval.interventions import (
     InterchangeResult,
     MechanismLabel,
+    attribution_patching,
+    grade,
     interchange,
     label_mechanism,
     label_sites,
     readable_sites,
 )
+from mecheval.interventions.attribution import DEFAULT_STEPS
 from mecheval.io import atomic_write_text
 from mecheval.models import LanguageModel
 from mecheval.models.sites import last_layer_input, local_mixing_sites, parse_site
@@ -40,6 +50,8 @@ from mecheval.training.resolved import ResolvedRun
 INTERVENTIONS_FILE = "interventions.csv"
 EMERGENCE_FILE = "emergence.csv"
 MECHANISM_FILE = "mechanism.json"
+ATTRIBUTION_FILE = "attribution.csv"
+GRADES_FILE = "attribution.json"
 #: Corruption seeds are offset from the data seed so the pair (o, c) is rebuilt exactly.
 CORRUPTION_SEED_OFFSET = 7919
 
@@ -58,6 +70,10 @@ class InterventionPlan:
     #: model can answer without the key (the task config's ``key_free``; ATR: the answer is
     #: the root's head), which corrupting the key cannot move, so the restores have range to be read
     documents: Literal["all", "key-dependent"] = "all"
+    #: estimators of the same table graded against it (interventions/attribution.py's
+    #: METHODS); integrated gradients with ``steps`` points on its path
+    methods: tuple[str, ...] = ()
+    steps: int = DEFAULT_STEPS
 
 
 def eval_batch(
@@ -107,24 +123,76 @@ def tidy_rows(table: pd.DataFrame, split: str, step: int) -> pd.DataFrame:
 
 
 def measure(
-    model: LanguageModel, plan: InterventionPlan, step: int, pair: tuple[Batch, Batch]
+    model: LanguageModel,
+    plan: InterventionPlan,
+    step: int,
+    pair: tuple[Batch, Batch],
+    method: str = "exact",
 ) -> tuple[pd.DataFrame, InterchangeResult]:
     """The plan's interventions on ``model`` at training ``step``, on ``pair`` (original,
-    corrupted: :func:`eval_batch`)."""
+    corrupted: :func:`eval_batch`), by the exact engine or estimated by ``method``."""
     original, corrupted = pair
+    sites = list(plan.sites) if plan.sites else None
+    roles = list(plan.roles) if plan.roles else None
     was_training = model.training
     model.eval()
     try:
-        result = interchange(
-            model,
-            original,
-            corrupted,
-            sites=list(plan.sites) if plan.sites else None,
-            roles=list(plan.roles) if plan.roles else None,
-        )
+        if method == "exact":
+            result = interchange(model, original, corrupted, sites=sites, roles=roles)
+        else:
+            result = attribution_patching(
+                model, original, corrupted, sites, roles, method=method, steps=plan.steps
+            )
     finally:
         model.train(was_training)
     return tidy_rows(result.table, plan.split, step), result
+
+
+@dataclass(frozen=True)
+class Graded:
+    """One estimator's run: its table (in the results store's schema), its grade against the
+    exact engine and the seconds each took on the same documents."""
+
+    method: str
+    result: InterchangeResult
+    rows: pd.DataFrame
+    record: dict[str, Any]
+
+
+def grade_methods(
+    model: LanguageModel,
+    plan: InterventionPlan,
+    step: int,
+    pair: tuple[Batch, Batch],
+    exact: tuple[InterchangeResult, MechanismLabel | None, float],
+    read_label: Callable[[pd.DataFrame], MechanismLabel | None],
+) -> list[Graded]:
+    """Every estimator of ``plan.methods`` on ``pair``, graded against ``exact`` (its result,
+    its label and the seconds it took); ``read_label`` reads a label from a table as the
+    exact one was read."""
+    exact_result, exact_label, exact_seconds = exact
+    graded = []
+    for method in plan.methods:
+        started = time.perf_counter()
+        rows, result = measure(model, plan, step, pair, method=method)
+        seconds = time.perf_counter() - started
+        label = read_label(result.table)
+        found = grade(
+            method,
+            exact_result,
+            result,
+            None if exact_label is None else str(exact_label.label),
+            None if label is None else str(label.label),
+        )
+        record = {
+            **asdict(found),
+            "agrees": found.agrees,
+            "steps": plan.steps if method == "integrated-gradients" else None,
+            "seconds": seconds,
+            "exact_seconds": exact_seconds,
+        }
+        graded.append(Graded(method, result, rows.assign(method=method), record))
+    return graded
 
 
 def _measured_on(run_dir: Path) -> str | None:
@@ -155,6 +223,7 @@ class RunMechanism:
     label: MechanismLabel | None
     n_docs: int  # the documents measured (after InterventionPlan.documents' choice)
     label_sites: tuple[str, ...]  # where a label can be read, in the order they are tried
+    graded: tuple[Graded, ...] = ()  # the plan's estimators (InterventionPlan.methods)
 
 
 def intervene_run(
@@ -178,7 +247,8 @@ def intervene_run(
     run_dir = Path(run_dir)
     plan = plan or InterventionPlan()
     target = run_dir / INTERVENTIONS_FILE
-    if skip_existing and target.exists() and _measured_on(run_dir) == plan.documents:
+    was_graded = not plan.methods or (run_dir / GRADES_FILE).exists()
+    if skip_existing and target.exists() and _measured_on(run_dir) == plan.documents and was_graded:
         return None
     if run is not None:
         cache_dir, device = run.cache_dir, run.device
@@ -187,16 +257,31 @@ def intervene_run(
     cfg, model = loaded
     step = int((read_status(run_dir) or {}).get("step", 0))
     pair = eval_batch(cfg.task, plan.split, plan.n_docs, cache_dir, plan.documents)
+    started = time.perf_counter()
     rows, result = measure(model, plan, step, pair)
+    seconds = time.perf_counter() - started
     candidates = pair[0].candidates
     local_sites = local_mixing_sites(model, 0)
     n_layers = cfg.model.n_layers
     where = tuple(label_sites(n_layers, local_sites))
-    if not readable_sites(result.table, n_layers, local_sites):
-        atomic_write_text(target, rows.to_csv(index=False))
-        return RunMechanism(result, rows, None, len(pair[0]), where)
     chance = None if candidates is None else chance_level(candidates)
-    label = label_mechanism(result.table, n_layers, chance=chance, local_sites=local_sites)
+
+    def read_label(table: pd.DataFrame) -> MechanismLabel | None:
+        if not readable_sites(table, n_layers, local_sites):
+            return None
+        return label_mechanism(table, n_layers, chance=chance, local_sites=local_sites)
+
+    label = read_label(result.table)
+    graded: tuple[Graded, ...] = ()
+    if plan.methods:
+        graded = tuple(grade_methods(model, plan, step, pair, (result, label, seconds), read_label))
+        estimates = pd.concat([g.rows for g in graded], ignore_index=True)
+        records = [g.record for g in graded]
+        atomic_write_text(run_dir / ATTRIBUTION_FILE, estimates.to_csv(index=False))
+        atomic_write_text(run_dir / GRADES_FILE, json.dumps(records, indent=2) + "\n")
+    if label is None:
+        atomic_write_text(target, rows.to_csv(index=False))
+        return RunMechanism(result, rows, None, len(pair[0]), where, graded)
     record = {
         **asdict(label),
         "range": label.range,
@@ -208,7 +293,7 @@ def intervene_run(
     }
     atomic_write_text(run_dir / MECHANISM_FILE, json.dumps(record, indent=2) + "\n")
     atomic_write_text(target, rows.to_csv(index=False))
-    return RunMechanism(result, rows, label, len(pair[0]), where)
+    return RunMechanism(result, rows, label, len(pair[0]), where, graded)
 
 
 class EmergenceCallback:

@@ -1,6 +1,9 @@
-"""Interchange interventions: patch sites, batched restores, mechanism labels."""
+"""Interchange interventions: patch sites, batched restores, mechanism labels, and their
+estimates from gradients (attribution patching) graded against them."""
 
+from mecheval.interventions.attribution import METHODS, attribution_patching
 from mecheval.interventions.engine import interchange
+from mecheval.interventions.grading import Grade, grade
 from mecheval.interventions.labels import (
     MechanismLabel,
     Thresholds,
@@ -15,9 +18,13 @@ from mecheval.interventions.reference import naive_interchange
 from mecheval.interventions.result import InterchangeResult
 
 __all__ = [
+    "METHODS",
+    "Grade",
     "InterchangeResult",
     "MechanismLabel",
     "Thresholds",
+    "attribution_patching",
+    "grade",
     "interchange",
     "label_mechanism",
     "label_site",

@@ -1,0 +1,348 @@
+"""Attribution patching: the interchange table estimated from gradients, to be graded
+against the exact engine (interventions/grading.py).
+
+The exact engine (engine.py) runs a patched forward per (site, role) cell. Attribution
+patching replaces each by its first-order estimate: with ``a`` a site's activation at the
+role's position in the corrupted run, ``a'`` the original run's at the role's position
+there, and ``g`` the gradient of the readout with respect to that activation,
+
+    restored(site, role) ~ readout(corrupted) + (a' - a) . g
+
+per document. The readout is p(answer) at the query, the likelihood the mechanism labels
+read. One backward pass gives ``g`` at every site and position at once.
+
+Methods (:data:`METHODS`):
+
+- ``attribution``: ``g`` taken on the corrupted run (attribution patching, Nanda 2023; AtP
+  in Kramár et al. 2024): one forward of the original, one forward and one backward of the
+  corrupted documents.
+- ``integrated-gradients``: ``g`` averaged over ``steps`` runs whose input embeddings lie on
+  the straight line from the corrupted to the original documents, at the midpoints
+  alpha = (k + 1/2) / steps (EAP-IG, Hanna et al. 2024, its "inputs" variant, with the
+  midpoint rule): ``steps`` forwards and backwards.
+
+A site is read through a forward hook that hands on a copy of its activation and keeps it,
+so the gradient flows through what follows the site and nothing else, as a patch there
+would. A recurrent-state site (``layers.{i}.mixer.state``) has no module: its gradient is
+taken where the exact engine patches it, block i resumed from the state after the row's
+position (``Block.forward_from`` with ``replace``), one backward per group of rows that
+share a position.
+
+The result is an :class:`InterchangeResult` whose original and corrupted rows are the
+exact scores and whose restored rows are the estimated likelihood (no other metric: an
+accuracy has no gradient), so the tables, views and labels of the exact engine read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from mecheval.interventions.patch import record
+from mecheval.interventions.prefix import PrefixCache, prefix_cache, run_from
+from mecheval.interventions.result import (
+    PER_EXAMPLE_COLUMNS,
+    TABLE_COLUMNS,
+    InterchangeResult,
+    baseline_rows,
+    batch_metrics,
+    prepare,
+    score_rows,
+)
+from mecheval.models.backbone import LanguageModel
+from mecheval.models.mixers.base import index_states
+from mecheval.models.sites import get_site, layer_site, state_site_layer, state_site_names
+from mecheval.tasks.batch import Batch
+
+#: The estimators, by the name ``intervene --method`` takes.
+METHODS = ("attribution", "integrated-gradients")
+#: Integrated gradients' default number of points on the path (Hanna et al. use 5).
+DEFAULT_STEPS = 5
+
+#: A readout: per document a scalar of the logits at its query [N, V] and its answer [N].
+Readout = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class NoGradientError(ValueError):
+    """The model's forward builds no gradient to the readout (a mixer computed without
+    autograd): attribution cannot be estimated."""
+
+
+def answer_probability(logits: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
+    """p(answer) per document: the likelihood the exact engine reports."""
+    return logits.softmax(-1).gather(-1, answer[:, None])[:, 0]
+
+
+def path_points(method: str, steps: int = DEFAULT_STEPS) -> list[float]:
+    """Where on the path from the corrupted (0) to the original (1) input embeddings the
+    method takes its gradients."""
+    if method == "attribution":
+        return [0.0]
+    if method == "integrated-gradients":
+        if steps < 1:
+            raise ValueError(f"steps: expected >= 1, got {steps}")
+        return [(k + 0.5) / steps for k in range(steps)]
+    raise ValueError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
+
+
+@dataclass(frozen=True)
+class CellEstimates:
+    """Per document: the readout of the corrupted run (``base`` [N], float64) and, per
+    (site, role), its estimate with the site restored at the role (``cells``)."""
+
+    base: torch.Tensor
+    cells: dict[tuple[str, str], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One run on the path: every kept site's activation and the readout's gradient there
+    ([N, T, C] each), the block inputs (for the state sites) and the logits at the query."""
+
+    acts: dict[str, torch.Tensor]
+    grads: dict[str, torch.Tensor]
+    inputs: list[torch.Tensor]
+    logits: torch.Tensor
+
+
+def estimate_cells(
+    model: LanguageModel,
+    original: Batch,
+    corrupted: Batch,
+    sites: Sequence[str],
+    roles: Sequence[str],
+    points: Sequence[float],
+    readout: Readout = answer_probability,
+) -> CellEstimates:
+    """The estimate of every (site, role) cell from gradients at ``points`` on the path
+    (:func:`path_points`); the batches are on the model's device (``prepare``)."""
+    state_sites = set(state_site_names(model))
+    module_sites = [site for site in sites if site not in state_sites]
+    state_layers = [state_site_layer(site) for site in sites if site in state_sites]
+    inputs = [layer_site(j, "input") for j in range(len(model.layers))]
+    with torch.no_grad(), record(model, sorted(set(module_sites) | set(inputs))) as source:
+        model(original.tokens, at=original.query)
+    source_inputs = [source[name] for name in inputs]
+    with torch.no_grad():
+        delta = model.embed(original.tokens) - model.embed(corrupted.tokens)
+
+    # The gradients, averaged over the path: [N, T, C] per module site; per state site and
+    # role [N, S], the state (its parts flattened) after each document's role position.
+    grads = {site: torch.zeros_like(source[site]) for site in module_sites}
+    state_grads: dict[tuple[int, str], torch.Tensor | float] = {
+        (layer, role): 0.0 for layer in state_layers for role in roles
+    }
+    corrupted_run = None
+    for alpha in points:
+        run = _gradient_run(model, corrupted, module_sites, inputs, alpha * delta, readout)
+        if alpha == 0.0:
+            corrupted_run = run
+        for site in module_sites:
+            grads[site] += run.grads[site] / len(points)
+        prefix = prefix_cache(model, run.inputs)
+        for layer, role in state_grads:
+            g = _state_gradient(model, layer, prefix, corrupted, role, readout)
+            state_grads[(layer, role)] += _flat(g) / len(points)
+    if corrupted_run is None:  # integrated gradients: the corrupted run itself is not on the path
+        corrupted_run = _plain_run(model, corrupted, module_sites, inputs)
+
+    base = readout(corrupted_run.logits.double(), corrupted.answer)
+    docs = torch.arange(len(original), device=base.device)
+    cells: dict[tuple[str, str], torch.Tensor] = {}
+    for site in sites:
+        layer = state_site_layer(site) if site in state_sites else None
+        if layer is not None:
+            block = model.layers[layer]
+            with torch.no_grad():
+                h_orig = block.mixer.states_of(block.mixer_norm(source_inputs[layer]))
+                h_corr = block.mixer.states_of(block.mixer_norm(corrupted_run.inputs[layer]))
+        for role in roles:
+            src, dst = original.roles[role], corrupted.roles[role]
+            if layer is None:
+                diff = source[site][docs, src] - corrupted_run.acts[site][docs, dst]
+                g = grads[site][docs, dst]
+            else:
+                diff = _flat(index_states(h_orig, docs, src)) - _flat(
+                    index_states(h_corr, docs, dst)
+                )
+                g = state_grads[(layer, role)]
+            cells[(site, role)] = base + (diff.double() * g.double()).flatten(1).sum(1)
+    return CellEstimates(base, cells)
+
+
+def _flat(states: torch.Tensor | tuple) -> torch.Tensor:
+    """A state's parts [N, ...] as one [N, S] tensor."""
+    return torch.cat([part.flatten(1) for part in _parts(states)], 1)
+
+
+def _gradient_run(
+    model: LanguageModel,
+    corrupted: Batch,
+    sites: Sequence[str],
+    inputs: Sequence[str],
+    shift: torch.Tensor | None,
+    readout: Readout,
+) -> _Run:
+    """The corrupted documents' forward with ``shift`` added to their input embeddings, and
+    the gradient of the summed readout at every site of ``sites``."""
+    with torch.enable_grad(), _kept(model, sites) as acts, record(model, inputs) as block_inputs:
+        x = model.embed(corrupted.tokens)
+        if shift is not None:
+            x = x + shift
+        for layer in model.layers:
+            x = layer(x)
+        logits = model.head(x, corrupted.query)
+        total = readout(logits, corrupted.answer).sum()
+        missing = [site for site in sites if site not in acts]
+        if missing:
+            raise ValueError(f"sites: {missing[0]} is not reached by the model's forward")
+        kept = [acts[site] for site in sites]
+        found = _gradients(total, kept, sites)
+    grads = dict(zip(sites, found, strict=True))
+    detached = {site: act.detach() for site, act in acts.items()}
+    return _Run(detached, grads, [block_inputs[name] for name in inputs], logits.detach())
+
+
+def _plain_run(
+    model: LanguageModel, corrupted: Batch, sites: Sequence[str], inputs: Sequence[str]
+) -> _Run:
+    """The corrupted documents' forward without gradients, its activations kept."""
+    with torch.no_grad(), record(model, sorted(set(sites) | set(inputs))) as acts:
+        logits = model(corrupted.tokens, at=corrupted.query)
+    return _Run(acts, {}, [acts[name] for name in inputs], logits)
+
+
+@contextmanager
+def _kept(model: LanguageModel, sites: Sequence[str]) -> Iterator[dict[str, torch.Tensor]]:
+    """Hooks that hand on a copy of each site's activation (a node of its own in the
+    graph, so a gradient there counts only what follows the site) and keep it."""
+    kept: dict[str, torch.Tensor] = {}
+    handles = []
+    try:
+        for name in sites:
+
+            def keep(module: object, inputs: object, output: torch.Tensor, name=name):
+                kept[name] = output.clone()
+                return kept[name]
+
+            handles.append(get_site(model, name).register_forward_hook(keep))
+        yield kept
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _gradients(
+    total: torch.Tensor, tensors: Sequence[torch.Tensor], names: Sequence[str]
+) -> list[torch.Tensor]:
+    """d total / d each tensor. Every site lies on the way to the readout, so a gradient
+    that does not reach one means something after it runs without autograd."""
+    if not tensors:
+        return []
+    try:
+        found = torch.autograd.grad(total, list(tensors), allow_unused=True)
+    except RuntimeError as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise NoGradientError(f"attribution: no gradient through the model ({first})") from None
+    for name, g in zip(names, found, strict=True):
+        if g is None:
+            raise NoGradientError(
+                f"attribution: no gradient reaches {name} (a mixer after it runs without "
+                "autograd); use the exact method"
+            )
+    return list(found)
+
+
+def _state_gradient(
+    model: LanguageModel,
+    layer: int,
+    prefix: PrefixCache,
+    corrupted: Batch,
+    role: str,
+    readout: Readout,
+) -> tuple[torch.Tensor, ...]:
+    """The readout's gradient with respect to block ``layer``'s recurrent state after each
+    document's ``role`` position, in the run ``prefix`` holds (a part per state tensor,
+    [N, ...] each; zero where the position lies after the query)."""
+    block = model.layers[layer]
+    mixer = block.mixer
+    states = prefix.states[layer]
+    if states is None:  # the prefix keeps none for this block; the state site needs them
+        with torch.no_grad():
+            states = mixer.states_of(block.mixer_norm(prefix.inputs[layer]))
+    dst, at = corrupted.roles[role], corrupted.query
+    docs = torch.arange(len(dst), device=dst.device)
+    out = tuple(torch.zeros_like(part) for part in _parts(index_states(states, docs, dst)))
+    halo = mixer.halo() or 0
+    for start in dst[dst <= at].unique().tolist():
+        rows = (dst == start).nonzero()[:, 0]
+        at_start = _parts(index_states(states, rows, start))
+        parts = tuple(part.detach().requires_grad_() for part in at_start)
+        lo = max(0, start - halo)
+        window = prefix.inputs[layer][rows, lo:]
+        with torch.enable_grad():
+            state = parts if isinstance(states, tuple) else parts[0]
+            x = block.forward_from(window, start - lo, state, replace=True)
+            logits = run_from(model, prefix, layer + 1, rows, start, x, at[rows])
+            total = readout(logits, corrupted.answer[rows]).sum()
+            found = _gradients(total, parts, [layer_site(layer, "mixer.state")] * len(parts))
+        for whole, g in zip(out, found, strict=True):
+            whole[rows] = g
+    return out
+
+
+def _parts(states: torch.Tensor | tuple) -> tuple[torch.Tensor, ...]:
+    return states if isinstance(states, tuple) else (states,)
+
+
+def attribution_patching(
+    model: LanguageModel,
+    original: Batch,
+    corrupted: Batch,
+    sites: Sequence[str] | None = None,
+    roles: Sequence[str] | None = None,
+    method: str = "attribution",
+    steps: int = DEFAULT_STEPS,
+) -> InterchangeResult:
+    """The interchange table of :func:`~mecheval.interventions.interchange`, its restored
+    likelihoods estimated by ``method`` (see the module doc)."""
+    points = path_points(method, steps)
+    sites, roles, original, corrupted = prepare(model, original, corrupted, sites, roles)
+    known = set(state_site_names(model))
+    for site in sites:
+        if state_site_layer(site) is not None and site not in known:
+            raise ValueError(f"sites: {site!r} is not a state site of this model")
+    answer, candidates = original.answer, original.candidates
+    with torch.no_grad():
+        s_orig = score_rows(model(original.tokens, at=original.query), answer, candidates)
+        s_corr = score_rows(model(corrupted.tokens, at=corrupted.query), answer, candidates)
+    rows = baseline_rows(s_orig, s_corr, batch_metrics(original))
+    estimates = estimate_cells(model, original, corrupted, sites, roles, points)
+    n = len(original)
+    per_example = []
+    for (site, role), values in estimates.cells.items():
+        values = values.cpu()
+        rows.append(("restored", site, role, "likelihood", values.mean().item()))
+        per_example.append(
+            pd.DataFrame(
+                {
+                    "doc": range(n),
+                    "site": site,
+                    "role": role,
+                    "restored": values.numpy(),
+                    "original": s_orig[0].cpu().numpy(),
+                    "corrupted": s_corr[0].cpu().numpy(),
+                }
+            )
+        )
+    table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
+    examples = (
+        pd.concat(per_example, ignore_index=True)
+        if per_example
+        else pd.DataFrame(columns=PER_EXAMPLE_COLUMNS)
+    )
+    return InterchangeResult(table, examples)

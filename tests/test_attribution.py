@@ -1,0 +1,391 @@
+"""Attribution patching (interventions/attribution.py) against independent forms of the same
+numbers: a finite difference of the patched forward (through ``patch`` at module sites, the
+exact engine's resumed block at state sites), exactness on a model that is linear in every
+activation, integrated gradients' completeness at the embeddings, and a mixer without
+gradients refused in one line."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+
+from mecheval.interventions import interchange
+from mecheval.interventions.attribution import (
+    NoGradientError,
+    answer_probability,
+    attribution_patching,
+    estimate_cells,
+    path_points,
+)
+from mecheval.interventions.patch import patch, record
+from mecheval.interventions.prefix import prefix_cache, run_from
+from mecheval.interventions.result import prepare
+from mecheval.models import ModelConfig, build_model, registry
+from mecheval.models.mixers.base import Mixer, index_states
+from mecheval.models.registry import BUILTIN_ARCHITECTURES, architecture
+from mecheval.models.sites import layer_site, site_names, state_site_names
+from mecheval.tasks import ARConfig, build_datasets, corrupt
+
+TASK = ARConfig(kind="ar", n_keys=8, n_values=8, n_pairs=3, n_train=0, n_dev=6, n_test=0)
+ROLES = ["key", "value", "query"]
+#: The built-in architectures with a recurrent-state site.
+WITH_STATES = ["based", "deltanet", "gated_deltanet", "gla", "hawk", "mamba", "mamba2"]
+
+
+def model_for(arch: str, n_layers: int = 2):
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        architecture=arch, d_model=16, n_layers=n_layers, vocab_size=TASK.vocab_size(), max_len=16
+    )
+    return build_model(cfg).double().eval()
+
+
+def pair(model):
+    original = build_datasets(TASK)["dev"].batch(torch.arange(6))
+    corrupted = corrupt(original, TASK, seed=3)
+    _, _, original, corrupted = prepare(model, original, corrupted, None, ROLES)
+    return original, corrupted
+
+
+def patched_readout(model, corrupted, site, dst, value, readout):
+    with torch.no_grad(), patch(model, site, dst, value):
+        return readout(model(corrupted.tokens, at=corrupted.query), corrupted.answer)
+
+
+def state_readout(model, layer, original, corrupted, role, mix, readout):
+    """The readout with block ``layer``'s state after each document's ``role`` position set
+    to the corrupted one's + ``mix`` x (original's - corrupted's): the exact engine's route
+    (the block resumed with ``replace``, the blocks after it from the prefix)."""
+    n = len(original)
+    docs = torch.arange(n)
+    with torch.no_grad(), record(model, [layer_site(j, "input") for j in range(2)]) as runs:
+        model(original.tokens, at=original.query)
+        h_orig = model.layers[layer].mixer.states_of(
+            model.layers[layer].mixer_norm(runs[layer_site(layer, "input")])
+        )
+        model(corrupted.tokens, at=corrupted.query)
+        prefix = prefix_cache(model, [runs[layer_site(j, "input")] for j in range(2)])
+    block = model.layers[layer]
+    h_corr = block.mixer.states_of(block.mixer_norm(prefix.inputs[layer]))
+    src, dst = original.roles[role], corrupted.roles[role]
+    out = torch.empty(n, dtype=torch.float64)
+    with torch.no_grad():
+        for b in range(n):
+            start = int(dst[b])
+            one = docs[b : b + 1]
+            o, c = index_states(h_orig, one, src[b]), index_states(h_corr, one, start)
+            if isinstance(o, tuple):
+                state = tuple(ci + mix * (oi - ci) for oi, ci in zip(o, c, strict=True))
+            else:
+                state = c + mix * (o - c)
+            if start > int(corrupted.query[b]):
+                logits = model(corrupted.tokens[one], at=corrupted.query[one])
+            else:
+                x = block.forward_from(prefix.inputs[layer][one], start, state, replace=True)
+                logits = run_from(model, prefix, layer + 1, one, start, x, corrupted.query[one])
+            out[b] = readout(logits, corrupted.answer[one])[0]
+    return out
+
+
+@pytest.mark.parametrize("arch", BUILTIN_ARCHITECTURES)
+def test_the_estimate_is_the_derivative_of_the_patched_forward_at_every_module_site(arch):
+    model = model_for(arch)
+    original, corrupted = pair(model)
+    sites = site_names(model)
+    estimates = estimate_cells(model, original, corrupted, sites, ROLES, [0.0])
+    eps = 1e-5
+    checked = 0
+    for site in sites:
+        with torch.no_grad(), record(model, [site]) as runs:
+            model(original.tokens, at=original.query)
+            a_orig = runs[site]
+            model(corrupted.tokens, at=corrupted.query)
+            a_corr = runs[site]
+        docs = torch.arange(len(original))
+        for role in ROLES:
+            src, dst = original.roles[role], corrupted.roles[role]
+            diff = a_orig[docs, src] - a_corr[docs, dst]
+            up = patched_readout(
+                model, corrupted, site, dst, a_corr[docs, dst] + eps * diff, answer_probability
+            )
+            down = patched_readout(
+                model, corrupted, site, dst, a_corr[docs, dst] - eps * diff, answer_probability
+            )
+            slope = (up - down) / (2 * eps)
+            change = estimates.cells[(site, role)] - estimates.base
+            torch.testing.assert_close(change, slope, rtol=1e-5, atol=1e-9)
+            checked += int((slope.abs() > 1e-9).sum())
+    assert checked > 20  # the check saw real slopes, not zeros alone
+
+
+@pytest.mark.parametrize("arch", WITH_STATES)
+def test_the_estimate_at_a_state_site_is_the_derivative_of_the_state_restore(arch):
+    model = model_for(arch)
+    original, corrupted = pair(model)
+    site = state_site_names(model)[0]
+    layer = int(site.split(".")[1])
+    estimates = estimate_cells(model, original, corrupted, [site], ROLES, [0.0])
+    eps = 1e-5
+    slopes = []
+    for role in ROLES:
+        up = state_readout(model, layer, original, corrupted, role, eps, answer_probability)
+        down = state_readout(model, layer, original, corrupted, role, -eps, answer_probability)
+        slope = (up - down) / (2 * eps)
+        change = estimates.cells[(site, role)] - estimates.base
+        torch.testing.assert_close(change, slope, rtol=1e-5, atol=1e-9)
+        slopes.append(slope)
+    assert torch.cat(slopes).abs().max() > 1e-6
+
+
+# ------------------------------------------------------------------- a model linear in everything
+class LinearOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LinearRecurrence(Mixer):
+    """h_t = lam * h_{t-1} + W x_t, y_t = U h_t: linear, with a recurrent state site."""
+
+    has_recurrent_state = True
+
+    def __init__(self, d_model: int, options: LinearOptions) -> None:
+        super().__init__()
+        self.w = nn.Linear(d_model, d_model, bias=False)
+        self.u = nn.Linear(d_model, d_model, bias=False)
+        self.lam = nn.Parameter(torch.linspace(0.3, 0.9, d_model))
+
+    def prefix_halo(self) -> int | None:
+        return 0
+
+    def prefix_states(self, x: torch.Tensor) -> torch.Tensor:
+        drive, h, out = self.w(x), torch.zeros_like(x[:, 0]), []
+        for t in range(x.shape[1]):
+            h = self.lam * h + drive[:, t]
+            out.append(h)
+        return torch.stack(out, 1)
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:
+        return self.u(self.prefix_states(x))
+
+    def mix_from(self, x, offset, state, replace=False):
+        if state is None:
+            return self.mix(x)[:, offset:]
+        drive, h, out = self.w(x[:, offset:]), state, []
+        for t in range(drive.shape[1]):
+            h = h if replace and t == 0 else self.lam * h + drive[:, t]
+            out.append(h)
+        return self.u(torch.stack(out, 1))
+
+
+@pytest.fixture
+def linear_model():
+    """A registered plugin mixer in a model whose norms are identities and without MLPs:
+    every logit is linear in every site's activation."""
+    before = set(registry.ARCHITECTURES)
+    architecture("test-linear", options=LinearOptions, mlp=False)(LinearRecurrence)
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        architecture="test-linear", d_model=8, n_layers=2, vocab_size=TASK.vocab_size()
+    )
+    model = build_model(cfg).double().eval()
+    for block in model.layers:
+        block.mixer_norm = nn.Identity()
+    model.final_norm.norm = nn.Identity()
+    yield model
+    for name in set(registry.ARCHITECTURES) - before:
+        del registry.ARCHITECTURES[name]
+
+
+def answer_logit(logits: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
+    return logits.gather(-1, answer[:, None])[:, 0]
+
+
+@pytest.mark.parametrize("method", ["attribution", "integrated-gradients"])
+def test_on_a_linear_model_the_estimate_is_exact(linear_model, method):
+    model = linear_model
+    original, corrupted = pair(model)
+    sites = site_names(model) + state_site_names(model)
+    assert len(state_site_names(model)) == 2
+    estimates = estimate_cells(
+        model, original, corrupted, sites, ROLES, path_points(method, 3), readout=answer_logit
+    )
+    docs = torch.arange(len(original))
+    moved = 0
+    for site in sites:
+        for role in ROLES:
+            if site in state_site_names(model):
+                layer = int(site.split(".")[1])
+                exact = state_readout(model, layer, original, corrupted, role, 1.0, answer_logit)
+            else:
+                with torch.no_grad(), record(model, [site]) as runs:
+                    model(original.tokens, at=original.query)
+                value = runs[site][docs, original.roles[role]]
+                exact = patched_readout(
+                    model, corrupted, site, corrupted.roles[role], value, answer_logit
+                )
+            torch.testing.assert_close(estimates.cells[(site, role)], exact, rtol=1e-9, atol=1e-9)
+            moved += int(((exact - estimates.base).abs() > 1e-6).sum())
+    assert moved > 10
+
+
+def test_integrated_gradients_at_the_embeddings_sum_to_the_whole_change() -> None:
+    """Completeness: the corruption changes the key token alone, so restoring layer 0's input
+    at the key is the original document; integrated gradients' estimate there tends to the
+    original likelihood as its steps grow, where one gradient at the corrupted run misses."""
+    model = model_for("mamba")
+    original, corrupted = pair(model)
+    changed = (original.tokens != corrupted.tokens).nonzero()
+    assert torch.equal(changed[:, 1], corrupted.roles["key"])
+    site = layer_site(0, "input")
+    with torch.no_grad():
+        target = answer_probability(model(original.tokens, at=original.query), original.answer)
+
+    def error(method: str, steps: int) -> float:
+        points = path_points(method, steps)
+        estimates = estimate_cells(model, original, corrupted, [site], ["key"], points)
+        return float((estimates.cells[(site, "key")] - target).abs().max())
+
+    assert error("integrated-gradients", 64) < 1e-4
+    assert error("integrated-gradients", 64) < error("integrated-gradients", 2)
+    assert error("attribution", 1) > 10 * error("integrated-gradients", 64)
+
+
+def test_the_table_reads_like_the_exact_engines() -> None:
+    model = model_for("mamba")
+    original, corrupted = pair(model)
+    exact = interchange(model, original, corrupted, roles=ROLES)
+    estimated = attribution_patching(model, original, corrupted, roles=ROLES)
+    base = exact.table[exact.table.condition != "restored"].reset_index(drop=True)
+    same = estimated.table[estimated.table.condition != "restored"].reset_index(drop=True)
+    assert base.equals(same)
+    restored = estimated.table[estimated.table.condition == "restored"]
+    assert set(restored.metric) == {"likelihood"}
+    table = exact.table
+    cells = table[(table.condition == "restored") & (table.metric == "likelihood")]
+    assert list(zip(restored.site, restored.role, strict=True)) == list(
+        zip(cells.site, cells.role, strict=True)
+    )
+    assert len(estimated.per_example) == len(original) * len(restored)
+
+
+class Frozen(Mixer):
+    """Computes its mix without autograd: nothing to take a gradient through."""
+
+    def __init__(self, d_model: int, options: LinearOptions) -> None:
+        super().__init__()
+        self.w = nn.Linear(d_model, d_model)
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self.w(x).cumsum(1)
+
+
+def test_a_mixer_without_gradients_is_refused_in_one_line() -> None:
+    before = set(registry.ARCHITECTURES)
+    try:
+        architecture("test-frozen", options=LinearOptions, mlp=False)(Frozen)
+        torch.manual_seed(0)
+        cfg = ModelConfig(
+            architecture="test-frozen", d_model=8, n_layers=1, vocab_size=TASK.vocab_size()
+        )
+        model = build_model(cfg).eval()
+        original, corrupted = pair(model)
+        with pytest.raises(NoGradientError) as err:
+            attribution_patching(model, original, corrupted, sites=["layers.0.mixer.input"])
+        assert "\n" not in str(err.value)
+    finally:
+        for name in set(registry.ARCHITECTURES) - before:
+            del registry.ARCHITECTURES[name]
+
+
+def test_path_points_and_bad_names() -> None:
+    assert path_points("attribution") == [0.0]
+    assert path_points("integrated-gradients", 4) == [0.125, 0.375, 0.625, 0.875]
+    with pytest.raises(ValueError, match="method"):
+        path_points("gradients")
+    with pytest.raises(ValueError, match="steps"):
+        path_points("integrated-gradients", 0)
+
+
+# ------------------------------------------------------------------------------- grading
+def result_with(cells: dict[tuple[str, str], float], original=0.9, corrupted=0.1):
+    import pandas as pd
+
+    from mecheval.interventions.result import TABLE_COLUMNS, InterchangeResult
+
+    rows = [
+        ("original", "", "", "likelihood", original),
+        ("corrupted", "", "", "likelihood", corrupted),
+    ]
+    rows += [("restored", s, r, "likelihood", v) for (s, r), v in cells.items()]
+    return InterchangeResult(pd.DataFrame(rows, columns=TABLE_COLUMNS), pd.DataFrame())
+
+
+def test_a_grade_reads_correlation_recall_error_and_labels() -> None:
+    from mecheval.interventions import grade
+
+    exact = {("a", "key"): 0.1, ("a", "value"): 0.8, ("b", "key"): 0.6, ("b", "query"): 0.2}
+    truth = result_with(exact)
+    same = grade("attribution", truth, result_with(exact), "induction", "induction")
+    assert (same.pearson, same.spearman, same.recall, same.error) == (1.0, 1.0, 1.0, 0.0)
+    assert same.k == 2 and same.cells == 4 and same.agrees is True  # 0.8 and 0.6 recover >= 1/2
+    # An estimate that ranks the cells backwards: every cell that matters missed.
+    backwards = {cell: 1.0 - value for cell, value in exact.items()}
+    wrong = grade("attribution", truth, result_with(backwards), "induction", "unclear")
+    assert wrong.spearman == pytest.approx(-1.0) and wrong.recall == 0.0
+    assert wrong.error == pytest.approx(sum(abs(1 - 2 * v) for v in exact.values()) / 4)
+    assert wrong.agrees is False
+    # Half the cells that matter found.
+    half = dict(exact) | {("b", "key"): 0.05, ("b", "query"): 0.85}
+    assert grade("x", truth, result_with(half)).recall == 0.5
+    # No range (the corruption moved nothing): no cell matters, no recall to read.
+    flat = grade("x", result_with(exact, 0.5, 0.5), result_with(exact))
+    assert flat.k == 0 and math.isnan(flat.recall) and flat.agrees is None
+    with pytest.raises(ValueError, match="cells"):
+        grade("x", truth, result_with({("a", "key"): 0.1}))
+
+
+def test_intervene_with_a_method_writes_its_table_and_grade(tmp_path, monkeypatch, capsys) -> None:
+    import json
+
+    import pandas as pd
+    from small_runs import run_cli
+    from test_mechanism_labels import hand_built_induction
+    from test_mechanisms import run_with_weights
+
+    run_dir = run_with_weights(tmp_path, lambda _: hand_built_induction())
+    args = ("intervene", str(run_dir), "--split", "dev", "--method", "integrated-gradients")
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--steps", "3")
+    assert (code, err) == (0, "")
+    assert "estimated by integrated-gradients" in out
+    assert "mechanism (exact): induction" in out
+    (record,) = json.loads((run_dir / "attribution.json").read_text())
+    assert record["method"] == "integrated-gradients" and record["steps"] == 3
+    assert record["exact_label"] == "induction" and record["cells"] == 13 * 5
+    assert -1 <= record["pearson"] <= 1 and record["seconds"] > 0
+    estimates = pd.read_csv(run_dir / "attribution.csv", keep_default_na=False)
+    restored = estimates[estimates.condition == "restored"]
+    assert set(estimates.method) == {"integrated-gradients"}
+    assert len(restored) == record["cells"] and set(restored.metric) == {"likelihood"}
+    # The exact table beside it, as a plain `intervene` writes it.
+    exact = pd.read_csv(run_dir / "interventions.csv", keep_default_na=False)
+    assert set(exact.metric) > {"likelihood"}
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (("--method", "gradient"), "--method"),
+        (("--method", "attribution", "--metric", "accuracy"), "--metric"),
+        (("--method", "integrated-gradients", "--steps", "0"), "--steps"),
+    ],
+)
+def test_bad_method_options_are_one_line_errors(tmp_path, monkeypatch, capsys, args, field):
+    from small_runs import run_cli
+
+    code, out, err = run_cli(monkeypatch, capsys, "intervene", str(tmp_path), *args)
+    assert code == 2 and out == ""
+    assert err.startswith(f"error: {field}") and err.count("\n") == 1

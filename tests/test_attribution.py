@@ -389,3 +389,37 @@ def test_bad_method_options_are_one_line_errors(tmp_path, monkeypatch, capsys, a
     code, out, err = run_cli(monkeypatch, capsys, "intervene", str(tmp_path), *args)
     assert code == 2 and out == ""
     assert err.startswith(f"error: {field}") and err.count("\n") == 1
+
+
+def test_reproduce_attribution_grades_every_run_and_prints_the_table(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    import json
+
+    from small_runs import run_cli
+
+    from mecheval.experiments.store import grading_records
+
+    args = ("reproduce", "attribution", "--preset", "tiny", "--archs", "mamba,attention")
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--out", str(tmp_path), "-q")
+    assert code == 0, err
+    folder = tmp_path / "attribution-tiny"
+    records = grading_records(folder)
+    assert sorted(zip(records.run, records.method, strict=True)) == [
+        ("attention", "attribution"),
+        ("attention", "integrated-gradients"),
+        ("mamba", "attribution"),
+        ("mamba", "integrated-gradients"),
+    ]
+    for run in ("mamba", "attention"):
+        label = json.loads((folder / run / "mechanism.json").read_text())["label"]
+        assert set(records[records.run == run].exact_label) == {label}
+    table = out[out.index("## attribution-grading: ") : out.index("report: ")]
+    runs = [line.split("|")[1:3] for line in table.splitlines() if line.startswith("| ")][1:]
+    assert [(run.strip(), method.strip()) for run, method in runs] == [
+        ("mamba", "attribution"),  # the registry's order of architectures
+        ("mamba", "integrated-gradients"),
+        ("attention", "attribution"),
+        ("attention", "integrated-gradients"),
+    ]
+    assert (folder / "report" / "attribution-grading.png").exists()

@@ -233,7 +233,12 @@ def reproduce_command(
         group_size,
         runtime_overrides(device, compile_),
     )
-    _report(out / spec.name, report_figures(experiment, spec), matrix=experiment.matrix)
+    _report(
+        out / spec.name,
+        report_figures(experiment, spec),
+        matrix=experiment.matrix,
+        graded=bool(experiment.plan.methods),
+    )
     if any(o.state != "done" for o in outcomes):
         raise typer.Exit(1)  # after the report, which shows what the finished runs measured
 
@@ -312,11 +317,14 @@ def reproduce_spec(
     return experiment, spec
 
 
-def _report(experiment_dir: Path, figures: tuple[str, ...], matrix: str = "") -> None:
+def _report(
+    experiment_dir: Path, figures: tuple[str, ...], matrix: str = "", graded: bool = False
+) -> None:
     """Print the experiment's figures and mechanism table, and save exactly what was printed
     (figure files, and report.html with the same figures, reasons and table); ``matrix``
-    ("task" or "short conv") adds that mechanism matrix (report/matrix.py) first."""
-    from mecheval.experiments.store import label_records, load_results
+    ("task" or "short conv") adds that mechanism matrix (report/matrix.py) first, ``graded``
+    the grading of the runs' attribution estimates (report/grading.py)."""
+    from mecheval.experiments.store import grading_records, label_records, load_results
     from mecheval.report import available_figures, normalise, write_figure
     from mecheval.report.html import save_html
 
@@ -327,6 +335,11 @@ def _report(experiment_dir: Path, figures: tuple[str, ...], matrix: str = "") ->
 
         columns = TASK_COLUMNS if matrix == "task" else CONV_COLUMNS
         results.insert(0, render_matrix(label_records(experiment_dir), columns))
+    records = grading_records(experiment_dir) if graded else None
+    if records is not None and len(records):
+        from mecheval.report.grading import render_grading
+
+        results.insert(0, render_grading(records))
     report_dir = experiment_dir / "report"
     for result in results:
         write_figure(result, report_dir)

@@ -18,8 +18,13 @@ from mecheval.errors import ConfigError
 from mecheval.experiments.grid import TASK_AXIS, SweepSpec
 from mecheval.experiments.mechanisms import InterventionPlan
 from mecheval.experiments.runners import plan_runs
+from mecheval.interventions.attribution import METHODS
 from mecheval.models import get_architecture
-from mecheval.models.registry import PAPER_ARCHITECTURES, available_architectures
+from mecheval.models.registry import (
+    BUILTIN_ARCHITECTURES,
+    PAPER_ARCHITECTURES,
+    available_architectures,
+)
 from mecheval.tasks import get_task
 from mecheval.training.presets import check_preset
 
@@ -197,6 +202,10 @@ def switchable(arch: str) -> bool:
     return not get_architecture(arch).no_conv_switch
 
 
+def any_architecture(arch: str) -> bool:
+    return True
+
+
 def _catalog() -> dict[str, Experiment]:
     archs = _archs()
     conv_archs = [a for a in archs if switchable(a)]
@@ -339,6 +348,16 @@ def _catalog() -> dict[str, Experiment]:
             (),
             matrix="short conv",
             accepts=switchable,
+        ),
+        Experiment(
+            "attribution",
+            "Attribution patching and integrated gradients graded against exact interchange, "
+            "every built-in architecture on AR",
+            "ar",
+            {"model.architecture": list(BUILTIN_ARCHITECTURES)},
+            (),
+            plan=InterventionPlan(methods=METHODS),
+            accepts=any_architecture,  # plugins too: any mixer with gradients is graded
         ),
     ]
     return {e.name: e for e in experiments}

@@ -297,6 +297,35 @@ def label_records(experiment_dir: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def grading_records(experiment_dir: str | Path) -> pd.DataFrame:
+    """One row per run and estimator of its ``attribution.json`` (interventions/grading.py's
+    grade, both labels, the seconds of the estimate and of the exact engine), with the run's
+    architecture, seed and dev accuracy; empty where no run was graded."""
+    rows = []
+    for run_dir in run_dirs(Path(experiment_dir)):
+        path = run_dir / "attribution.json"
+        if not path.exists():
+            continue
+        try:
+            records = json.loads(path.read_text(encoding="utf-8"))
+            records = [dict(record) for record in records]
+        except (UnicodeDecodeError, json.JSONDecodeError, TypeError, ValueError) as err:
+            raise DamagedFile(f"{path}: damaged ({type(err).__name__})") from None
+        config = read_config_data(run_dir)
+        dev = _dev_accuracy(run_status(run_dir))
+        for record in records:
+            rows.append(
+                {
+                    "run": run_dir.name,
+                    "architecture": config["model"]["architecture"],
+                    "seed": config["training"].get("seed", 0),
+                    "dev accuracy": dev,
+                    **record,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
 PARQUET_EXTRA = "--format parquet: needs pyarrow (pip install 'mecheval[parquet]')"
 
 

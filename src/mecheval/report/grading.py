@@ -1,0 +1,116 @@
+"""The grading of attribution patching against exact interchange, per run and estimator
+(interventions/grading.py; the records: ``experiments.store.grading_records``): a table and
+a figure of each estimator's correlation with the exact table, its top-k recall and whether
+the mechanism label it gives is the exact one."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from mecheval.models.registry import architecture_label, architecture_rank
+from mecheval.report.render import FigureResult, md_table
+
+NAME = "attribution-grading"
+
+
+def _number(value: object, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def _agrees(value: object) -> str:
+    return {True: "yes", False: "no"}.get(value, "-")  # type: ignore[arg-type]
+
+
+def ordered(records: pd.DataFrame) -> pd.DataFrame:
+    """The records by architecture (the registry's order), then run and estimator."""
+    return records.sort_values(
+        ["architecture", "run"],
+        key=lambda c: c.map(architecture_rank) if c.name == "architecture" else c,
+        kind="stable",
+    ).reset_index(drop=True)
+
+
+def grading_markdown(records: pd.DataFrame) -> str:
+    header = [
+        "run",
+        "method",
+        "exact label",
+        "estimated label",
+        "agree",
+        "Pearson r",
+        "Spearman rho",
+        "top-k recall (k)",
+        "mean error (points)",
+        "seconds",
+        "exact seconds",
+    ]
+    rows = []
+    for record in records.itertuples(index=False):
+        k = int(record.k)
+        rows.append(
+            [
+                record.run,
+                record.method,
+                record.exact_label or "-",
+                record.label or "-",
+                _agrees(record.agrees),
+                _number(record.pearson),
+                _number(record.spearman),
+                f"{_number(record.recall)} ({k})",
+                _number(100 * record.error, 1),
+                _number(record.seconds),
+                _number(record.exact_seconds),
+            ]
+        )
+    title = f"## {NAME}: attribution patching graded against exact interchange"
+    note = (
+        "Over the restored likelihood of every site x role cell; top-k recall: of the k cells "
+        "that recover at least half the corruption's range exactly, those among the "
+        "estimate's k highest."
+    )
+    return "\n".join([title, "", note, "", *md_table(header, rows)])
+
+
+def grading_figure(records: pd.DataFrame) -> Figure:
+    """Per run (rows) and estimator (bars): Pearson r with the exact table and top-k
+    recall; beside each correlation, whether the estimate's label is the exact one."""
+    methods = list(dict.fromkeys(records["method"]))
+    runs = list(dict.fromkeys(records["run"]))
+    fig = Figure(figsize=(9, 0.3 * len(runs) * len(methods) + 1.5))
+    panels = fig.subplots(1, 2, sharey=True)
+    height = 0.8 / len(methods)
+    mark = {"yes": "label ok", "no": "label differs", "-": ""}
+    for panel, column, title in (
+        (panels[0], "pearson", "Pearson r with exact"),
+        (panels[1], "recall", "top-k recall"),
+    ):
+        for m, method in enumerate(methods):
+            rows = records[records["method"] == method].set_index("run").reindex(runs)
+            ys = [i + m * height for i in range(len(runs))]
+            panel.barh(ys, rows[column].astype(float).fillna(0.0), height=height, label=method)
+            if column == "pearson":
+                for y, agrees in zip(ys, rows["agrees"], strict=True):
+                    panel.text(1.02, y, mark[_agrees(agrees)], va="center", fontsize=7)
+        low = records[column].astype(float).min()
+        panel.set_xlim(min(0.0, 0.0 if math.isnan(low) else float(low)), 1.0)
+        panel.set_title(title, fontsize=9)
+    architectures = records.drop_duplicates("run").set_index("run")["architecture"]
+    panels[0].set_yticks([i + 0.4 - height / 2 for i in range(len(runs))])
+    panels[0].set_yticklabels(
+        [f"{architecture_label(architectures[run])}\n{run}" for run in runs], fontsize=7
+    )
+    panels[0].invert_yaxis()
+    panels[1].legend(fontsize=7, loc="lower right")
+    fig.suptitle("Attribution patching against exact interchange", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def render_grading(records: pd.DataFrame) -> FigureResult:
+    records = ordered(records)
+    return FigureResult(NAME, grading_markdown(records), grading_figure(records), records)

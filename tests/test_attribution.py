@@ -414,7 +414,7 @@ def test_reproduce_attribution_grades_every_run_and_prints_the_table(
     for run in ("mamba", "attention"):
         label = json.loads((folder / run / "mechanism.json").read_text())["label"]
         assert set(records[records.run == run].exact_label) == {label}
-    table = out[out.index("## attribution-grading: ") : out.index("report: ")]
+    table = out[out.index("## attribution-grading: ") : out.index("Per run")]
     runs = [line.split("|")[1:3] for line in table.splitlines() if line.startswith("| ")][1:]
     assert [(run.strip(), method.strip()) for run, method in runs] == [
         ("mamba", "attribution"),  # the registry's order of architectures
@@ -423,3 +423,25 @@ def test_reproduce_attribution_grades_every_run_and_prints_the_table(
         ("attention", "integrated-gradients"),
     ]
     assert (folder / "report" / "attribution-grading.png").exists()
+
+
+def test_the_summary_counts_agreement_where_a_restore_decides_the_label() -> None:
+    import pandas as pd
+
+    from mecheval.report.grading import summary_lines
+
+    records = pd.DataFrame(
+        [
+            ("a", "attribution", "induction", "induction", True, 0.9),
+            ("a", "integrated-gradients", "induction", "unclear", False, 0.8),
+            ("b", "attribution", "unclear", "induction", False, 0.5),
+            ("b", "integrated-gradients", "unclear", "unclear", True, 0.7),
+            # Read from the original rows, which an estimate keeps exact: not counted.
+            ("c", "attribution", "not learned", "not learned", True, 0.1),
+            ("c", "integrated-gradients", "not learned", "not learned", True, 0.2),
+        ],
+        columns=["run", "method", "exact_label", "label", "agrees", "pearson"],
+    )
+    lines = summary_lines(records)
+    assert lines[-1].endswith("attribution 1 of 2; integrated-gradients 1 of 2.")
+    assert "| a | induction | induction (same), r 0.90 | unclear (differs), r 0.80 |" in lines

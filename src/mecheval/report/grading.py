@@ -10,6 +10,7 @@ import math
 import pandas as pd
 from matplotlib.figure import Figure
 
+from mecheval.interventions.labels import LABELS
 from mecheval.models.registry import architecture_label, architecture_rank
 from mecheval.report.render import FigureResult, md_table
 
@@ -73,7 +74,45 @@ def grading_markdown(records: pd.DataFrame) -> str:
         "that recover at least half the corruption's range exactly, those among the "
         "estimate's k highest."
     )
-    return "\n".join([title, "", note, "", *md_table(header, rows)])
+    lines = [title, "", note, "", *md_table(header, rows), "", *summary_lines(records)]
+    return "\n".join(lines)
+
+
+#: The labels a restore decides (the others, "not learned", "inconclusive", "candidates
+#: only", are read from the original and corrupted rows, which an estimate keeps exact).
+RESTORE_LABELS = (*LABELS.values(), "unclear")
+
+
+def summary_lines(records: pd.DataFrame) -> list[str]:
+    """Per run, each estimator's label (and whether it is the exact one) and correlation;
+    then, per estimator, on how many runs whose exact label a restore decides it agrees."""
+    methods = list(dict.fromkeys(records["method"]))
+    rows = []
+    for run, group in records.groupby("run", sort=False):
+        by_method = group.set_index("method")
+        cells = [str(run), str(group["exact_label"].iloc[0] or "-")]
+        for method in methods:
+            if method not in by_method.index:
+                cells.append("-")
+                continue
+            record = by_method.loc[method]
+            mark = {"yes": "(same)", "no": "(differs)", "-": ""}[_agrees(record["agrees"])]
+            cells.append(f"{record['label'] or '-'} {mark}, r {_number(record['pearson'])}")
+        rows.append(cells)
+    decided = records[records["exact_label"].isin(RESTORE_LABELS)]
+    counts = []
+    for method in methods:
+        mine = decided[decided["method"] == method]
+        same = int(sum(_agrees(a) == "yes" for a in mine["agrees"]))
+        counts.append(f"{method} {same} of {len(mine)}")
+    return [
+        "Per run, each estimate's label and its Pearson r with the exact table:",
+        "",
+        *md_table(["run", "exact label", *methods], rows),
+        "",
+        "Same label as exact where a restore decides it (exact label "
+        f"{', '.join(RESTORE_LABELS)}): {'; '.join(counts)}.",
+    ]
 
 
 def grading_figure(records: pd.DataFrame) -> Figure:

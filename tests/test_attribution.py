@@ -15,6 +15,7 @@ from torch import nn
 
 from mecheval.interventions import interchange
 from mecheval.interventions.attribution import (
+    METHODS,
     NoGradientError,
     answer_probability,
     attribution_patching,
@@ -368,7 +369,7 @@ def test_intervene_with_a_method_writes_its_table_and_grade(tmp_path, monkeypatc
     assert -1 <= record["pearson"] <= 1 and record["seconds"] > 0
     estimates = pd.read_csv(run_dir / "attribution.csv", keep_default_na=False)
     restored = estimates[estimates.condition == "restored"]
-    assert set(estimates.method) == {"integrated-gradients"}
+    assert set(estimates.source) == {"integrated-gradients"}
     assert len(restored) == record["cells"] and set(restored.metric) == {"likelihood"}
     # The exact table beside it, as a plain `intervene` writes it.
     exact = pd.read_csv(run_dir / "interventions.csv", keep_default_na=False)
@@ -423,6 +424,14 @@ def test_reproduce_attribution_grades_every_run_and_prints_the_table(
         ("attention", "integrated-gradients"),
     ]
     assert (folder / "report" / "attribution-grading.png").exists()
+    # The estimates in the results table, beside the exact restores, named by their source.
+    from mecheval.experiments.store import load_results
+
+    results = load_results(folder)
+    restored = results[(results.condition == "restored") & (results.metric == "likelihood")]
+    by_source = restored.groupby("source").size()
+    assert set(by_source.index) == {"mechanistic", *METHODS}
+    assert by_source["attribution"] == by_source["integrated-gradients"] > 0
 
 
 def test_the_summary_counts_agreement_where_a_restore_decides_the_label() -> None:

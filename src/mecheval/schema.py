@@ -9,7 +9,9 @@ from __future__ import annotations
 
 #: The measurement columns of a results row; a row also carries its run's config columns.
 MEASUREMENT_COLUMNS = [
-    "source",  # "behavioural" (metrics.csv) or "mechanistic" (interventions)
+    # "behavioural" (metrics.csv), "mechanistic" (interventions) or the estimator of
+    # attribution.csv ("attribution", "integrated-gradients")
+    "source",
     "step",
     "split",
     "condition",  # original / corrupted / restored

@@ -8,7 +8,8 @@ mass, the chance level of a guess among the in-context candidates and their mean
 A plan with ``methods`` (interventions/attribution.py: ``attribution``,
 ``integrated-gradients``) also estimates the same table from gradients, on the same
 documents, and grades each estimate against the exact one (interventions/grading.py):
-``attribution.csv`` holds the estimates (the interventions' columns and ``method``),
+``attribution.csv`` holds the estimates (the interventions' columns, ``source`` naming the
+estimator),
 ``attribution.json`` per method its grade, its label and both engines' seconds.
 ``EmergenceCallback`` plugs into training and records a small intervention set at every
 evaluation into ``emergence.csv``, so the emergence of a mechanism can be plotted.
@@ -191,7 +192,7 @@ def grade_methods(
             "seconds": seconds,
             "exact_seconds": exact_seconds,
         }
-        graded.append(Graded(method, result, rows.assign(method=method), record))
+        graded.append(Graded(method, result, rows.assign(source=method), record))
     return graded
 
 

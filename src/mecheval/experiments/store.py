@@ -2,12 +2,13 @@
 
 Each run writes only its own folder, so the table is assembled here by reading them all:
 the run's resolved ``config.yaml`` (flattened into dotted config columns), ``status.json``,
-``metrics.csv`` (behavioural), ``interventions.csv`` and ``emergence.csv`` (mechanistic).
+``metrics.csv`` (behavioural), ``interventions.csv`` and ``emergence.csv`` (mechanistic),
+``attribution.csv`` (the interventions estimated from gradients, where a plan asked).
 
 Schema (one row per value)::
 
     run, status, reason, state_size, <config columns: task.*, model.*, training.*>,
-    source (behavioural | mechanistic), step, split,
+    source (behavioural | mechanistic | attribution | integrated-gradients), step, split,
     condition ("" | original | corrupted | restored), site, layer, component, io, role,
     metric (likelihood | accuracy | loss | in_context_mass | in_context_accuracy | ...), value
 
@@ -121,6 +122,15 @@ def mechanistic_rows(run_dir: Path) -> pd.DataFrame:
     return table[MEASUREMENT_COLUMNS]
 
 
+def estimated_rows(run_dir: Path) -> pd.DataFrame:
+    """``attribution.csv``: the interventions estimated from gradients, ``source`` naming
+    the estimator (``attribution``, ``integrated-gradients``)."""
+    path = run_dir / "attribution.csv"
+    if not path.exists():
+        return pd.DataFrame(columns=MEASUREMENT_COLUMNS)
+    return read_table(path, MEASUREMENT_COLUMNS, keep_default_na=False)[MEASUREMENT_COLUMNS]
+
+
 def status_reason(status: dict[str, Any]) -> str:
     """Why a run ended where it did: a failed run's reason, an early stop's note
     (``training.stop_at_accuracy``), or ""."""
@@ -131,7 +141,11 @@ def run_table(run_dir: Path) -> pd.DataFrame:
     config = read_config_data(run_dir)
     status = run_status(run_dir)
     measurements = pd.concat(
-        [t for t in (behavioural_rows(run_dir), mechanistic_rows(run_dir)) if len(t)]
+        [
+            t
+            for t in (behavioural_rows(run_dir), mechanistic_rows(run_dir), estimated_rows(run_dir))
+            if len(t)
+        ]
         or [pd.DataFrame(columns=MEASUREMENT_COLUMNS)],
         ignore_index=True,
     )

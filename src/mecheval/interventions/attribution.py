@@ -39,20 +39,11 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import pandas as pd
 import torch
 
+from mecheval.interventions import result as common
 from mecheval.interventions.patch import record
 from mecheval.interventions.prefix import PrefixCache, prefix_cache, run_from
-from mecheval.interventions.result import (
-    PER_EXAMPLE_COLUMNS,
-    TABLE_COLUMNS,
-    InterchangeResult,
-    baseline_rows,
-    batch_metrics,
-    prepare,
-    score_rows,
-)
 from mecheval.models.backbone import LanguageModel
 from mecheval.models.mixers.base import index_states
 from mecheval.models.sites import get_site, layer_site, state_site_layer, state_site_names
@@ -307,42 +298,23 @@ def attribution_patching(
     roles: Sequence[str] | None = None,
     method: str = "attribution",
     steps: int = DEFAULT_STEPS,
-) -> InterchangeResult:
+) -> common.InterchangeResult:
     """The interchange table of :func:`~mecheval.interventions.interchange`, its restored
     likelihoods estimated by ``method`` (see the module doc)."""
     points = path_points(method, steps)
-    sites, roles, original, corrupted = prepare(model, original, corrupted, sites, roles)
+    sites, roles, original, corrupted = common.prepare(model, original, corrupted, sites, roles)
     known = set(state_site_names(model))
     for site in sites:
         if state_site_layer(site) is not None and site not in known:
             raise ValueError(f"sites: {site!r} is not a state site of this model")
     answer, candidates = original.answer, original.candidates
     with torch.no_grad():
-        s_orig = score_rows(model(original.tokens, at=original.query), answer, candidates)
-        s_corr = score_rows(model(corrupted.tokens, at=corrupted.query), answer, candidates)
-    rows = baseline_rows(s_orig, s_corr, batch_metrics(original))
+        s_orig = common.score_rows(model(original.tokens, at=original.query), answer, candidates)
+        s_corr = common.score_rows(model(corrupted.tokens, at=corrupted.query), answer, candidates)
+    rows = common.baseline_rows(s_orig, s_corr, common.batch_metrics(original))
     estimates = estimate_cells(model, original, corrupted, sites, roles, points)
-    n = len(original)
     per_example = []
     for (site, role), values in estimates.cells.items():
-        values = values.cpu()
         rows.append(("restored", site, role, "likelihood", values.mean().item()))
-        per_example.append(
-            pd.DataFrame(
-                {
-                    "doc": range(n),
-                    "site": site,
-                    "role": role,
-                    "restored": values.numpy(),
-                    "original": s_orig[0].cpu().numpy(),
-                    "corrupted": s_corr[0].cpu().numpy(),
-                }
-            )
-        )
-    table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
-    examples = (
-        pd.concat(per_example, ignore_index=True)
-        if per_example
-        else pd.DataFrame(columns=PER_EXAMPLE_COLUMNS)
-    )
-    return InterchangeResult(table, examples)
+        per_example.append(common.example_frame(site, role, values, s_orig, s_corr))
+    return common.assemble(rows, per_example)

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import pandas as pd
 import torch
 
 from mecheval.interventions.patch import patch, record
@@ -55,11 +54,11 @@ from mecheval.interventions.prefix import (
     run_from_patch,
 )
 from mecheval.interventions.result import (
-    PER_EXAMPLE_COLUMNS,
-    TABLE_COLUMNS,
     InterchangeResult,
+    assemble,
     baseline_rows,
     batch_metrics,
+    example_frame,
     prepare,
     score_rows,
 )
@@ -235,13 +234,7 @@ def interchange(
                 logits, answer[docs_], None if candidates is None else candidates[docs_]
             )
         _collect(site, scores, metrics, roles, n, s_orig, s_corr, rows, per_example)
-    table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
-    examples = (
-        pd.concat(per_example, ignore_index=True)
-        if per_example
-        else pd.DataFrame(columns=PER_EXAMPLE_COLUMNS)
-    )
-    return InterchangeResult(table, examples)
+    return assemble(rows, per_example)
 
 
 def _collect(
@@ -258,22 +251,10 @@ def _collect(
     """Append a site's restored scores [metrics, roles x n] to the table rows and the
     per-example frames."""
     by_role = scores.view(len(metrics), len(roles), n).cpu()
-    s_orig, s_corr = s_orig.cpu(), s_corr.cpu()
     for k, role in enumerate(roles):
         for m, metric in enumerate(metrics):
             rows.append(("restored", site, role, metric, by_role[m, k].mean().item()))
-        per_example.append(
-            pd.DataFrame(
-                {
-                    "doc": range(n),
-                    "site": site,
-                    "role": role,
-                    "restored": by_role[0, k].numpy(),
-                    "original": s_orig[0].numpy(),
-                    "corrupted": s_corr[0].numpy(),
-                }
-            )
-        )
+        per_example.append(example_frame(site, role, by_role[0, k], s_orig, s_corr))
 
 
 def _restore_states(

@@ -109,3 +109,31 @@ def baseline_rows(
         for condition, scores in (("original", s_orig), ("corrupted", s_corr))
         for m, metric in enumerate(metrics)
     ]
+
+
+def example_frame(
+    site: str, role: str, restored: torch.Tensor, s_orig: torch.Tensor, s_corr: torch.Tensor
+) -> pd.DataFrame:
+    """The per-example rows of one (site, role): each document's restored likelihood
+    (``restored`` [N]) beside its original and corrupted one (row 0 of the scores)."""
+    return pd.DataFrame(
+        {
+            "doc": range(len(restored)),
+            "site": site,
+            "role": role,
+            "restored": restored.cpu().numpy(),
+            "original": s_orig[0].cpu().numpy(),
+            "corrupted": s_corr[0].cpu().numpy(),
+        }
+    )
+
+
+def assemble(rows: list, per_example: list[pd.DataFrame]) -> InterchangeResult:
+    """The result of the table's ``rows`` and the per-example frames."""
+    table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
+    examples = (
+        pd.concat(per_example, ignore_index=True)
+        if per_example
+        else pd.DataFrame(columns=PER_EXAMPLE_COLUMNS)
+    )
+    return InterchangeResult(table, examples)

@@ -9,8 +9,7 @@ A plan with ``methods`` (interventions/attribution.py: ``attribution``,
 ``integrated-gradients``) also estimates the same table from gradients, on the same
 documents, and grades each estimate against the exact one (interventions/grading.py):
 ``attribution.csv`` holds the estimates (the interventions' columns, ``source`` naming the
-estimator),
-``attribution.json`` per method its grade, its label and both engines' seconds.
+estimator), ``attribution.json`` per method its grade, its label and both engines' seconds.
 ``EmergenceCallback`` plugs into training and records a small intervention set at every
 evaluation into ``emergence.csv``, so the emergence of a mechanism can be plotted.
 """

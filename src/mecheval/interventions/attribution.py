@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -135,8 +136,9 @@ def estimate_cells(
         for site in module_sites:
             grads[site] += run.grads[site] / len(points)
         prefix = prefix_cache(model, run.inputs)
+        states = {layer: _block_states(model, layer, prefix) for layer in set(state_layers)}
         for layer, role in state_grads:
-            g = _state_gradient(model, layer, prefix, corrupted, role, readout)
+            g = _state_gradient(model, layer, prefix, states[layer], corrupted, role, readout)
             state_grads[(layer, role)] += _flat(g) / len(points)
     if corrupted_run is None:  # integrated gradients: the corrupted run itself is not on the path
         corrupted_run = _plain_run(model, corrupted, module_sites, inputs)
@@ -248,23 +250,31 @@ def _gradients(
     return list(found)
 
 
+def _block_states(model: LanguageModel, layer: int, prefix: PrefixCache) -> Any:
+    """Block ``layer``'s mixer states after every position in the run ``prefix`` holds: the
+    prefix's own, or computed where it keeps none (a mixer that recomputes its window)."""
+    if prefix.states[layer] is not None:
+        return prefix.states[layer]
+    block = model.layers[layer]
+    with torch.no_grad():
+        return block.mixer.states_of(block.mixer_norm(prefix.inputs[layer]))
+
+
 def _state_gradient(
     model: LanguageModel,
     layer: int,
     prefix: PrefixCache,
+    states: Any,
     corrupted: Batch,
     role: str,
     readout: Readout,
 ) -> tuple[torch.Tensor, ...]:
     """The readout's gradient with respect to block ``layer``'s recurrent state after each
-    document's ``role`` position, in the run ``prefix`` holds (a part per state tensor,
-    [N, ...] each; zero where the position lies after the query)."""
+    document's ``role`` position, in the run ``prefix`` holds (``states``: its block's
+    states, :func:`_block_states`; a part per state tensor, [N, ...] each; zero where the
+    position lies after the query)."""
     block = model.layers[layer]
     mixer = block.mixer
-    states = prefix.states[layer]
-    if states is None:  # the prefix keeps none for this block; the state site needs them
-        with torch.no_grad():
-            states = mixer.states_of(block.mixer_norm(prefix.inputs[layer]))
     dst, at = corrupted.roles[role], corrupted.query
     docs = torch.arange(len(dst), device=dst.device)
     out = tuple(torch.zeros_like(part) for part in _parts(index_states(states, docs, dst)))

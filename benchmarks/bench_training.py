@@ -8,7 +8,14 @@ Three ways to do the same K x steps optimizer steps of AR training, timed in the
 * ``single``: one model at a time with the Trainer's own step (logits at the query only,
   ``metrics.answer_loss``);
 * ``group``: the K models stacked and trained by ``GroupTrainer.train_step`` (one vmapped
-  forward/backward, stacked AdamW, per-model clipping), each on its own data order.
+  forward/backward, stacked AdamW, per-model clipping), each on its own data order; on a GPU
+  its step is replayed as a CUDA graph (training/captured.py);
+* ``eager``: the same stack with the graph off (``MECHEVAL_CUDA_GRAPH=0``), only with
+  ``--modes``.
+
+``--flops`` adds each architecture's matrix arithmetic per model-step
+(``torch.utils.flop_counter``) and the rate the group reaches against a float32 matmul timed
+on the same device in the same run (4096^3 on a GPU, 1024^3 on a CPU).
 
 Ratios ``single/naive`` and ``group/single`` are throughput ratios (> 1: faster). With
 ``--memory`` each way runs in a process of its own and its peak memory is printed too: the
@@ -22,12 +29,15 @@ run the paper preset's steps, trained one at a time vs in stacks of K.
 
     python benchmarks/bench_training.py [--arch attention mamba] [--widths 64] [--group 5]
     python benchmarks/bench_training.py --paper --widths 64 128 256 --steps 10 [--memory]
+    python benchmarks/bench_training.py --paper --widths 64 --device cuda --group 7 \
+        --modes single group eager --warmup 5 --flops
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -37,6 +47,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from bench_models import matmul_throughput
+from torch.utils.flop_counter import FlopCounterMode
 
 from mecheval.models import ARCHITECTURES, build_model, count_parameters
 from mecheval.tasks import Batch, build_datasets
@@ -108,8 +120,16 @@ def time_one_at_a_time(cfgs, data, folder: Path, args, naive: bool) -> float:
     return total
 
 
-def time_group(cfgs, data, folder: Path, args) -> float:
-    group = GroupTrainer(cfgs, data, [folder / f"g{k}" for k in range(len(cfgs))])
+def time_group(cfgs, data, folder: Path, args, graph: bool = True) -> float:
+    saved = os.environ.get("MECHEVAL_CUDA_GRAPH")
+    os.environ["MECHEVAL_CUDA_GRAPH"] = "1" if graph else "0"
+    try:
+        group = GroupTrainer(cfgs, data, [folder / f"g{k}" for k in range(len(cfgs))])
+    finally:
+        if saved is None:
+            del os.environ["MECHEVAL_CUDA_GRAPH"]
+        else:
+            os.environ["MECHEVAL_CUDA_GRAPH"] = saved
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
             sync(args.device)
@@ -117,12 +137,22 @@ def time_group(cfgs, data, folder: Path, args) -> float:
         group.train_step()
         group.step += 1
     sync(args.device)
+    group.check()
     if len(group.live) != len(cfgs):
         raise RuntimeError("a group member diverged during the benchmark")
     return time.perf_counter() - start
 
 
-MODES = ("naive", "single", "group")
+def step_flops(cfg: RunConfig, data, folder: Path) -> int:
+    """Matrix FLOPs of one model's training step (forward, backward; AdamW does none)."""
+    trainer = Trainer(cfg, data, folder / "flops")
+    batch = trainer.batch_at(0)
+    with FlopCounterMode(display=False) as counter:
+        trainer.train_step(batch)
+    return counter.get_total_flops()
+
+
+MODES = ("naive", "single", "group", "eager")
 
 
 def measure(mode: str, arch: str, d: int, args: argparse.Namespace, folder: Path) -> dict:
@@ -133,8 +163,8 @@ def measure(mode: str, arch: str, d: int, args: argparse.Namespace, folder: Path
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    if mode == "group":
-        seconds = time_group(cfgs, data, folder, args)
+    if mode in ("group", "eager"):
+        seconds = time_group(cfgs, data, folder, args, graph=mode == "group")
     else:
         seconds = time_one_at_a_time(cfgs, data, folder, args, naive=mode == "naive")
     peak_mb = float("nan")
@@ -166,6 +196,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--lrs", type=int, default=5, help="runs per (architecture, width)")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive baseline")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=None, help="ways to time")
+    parser.add_argument("--flops", action="store_true", help="matrix FLOPs and % of a matmul")
     parser.add_argument(
         "--memory", action="store_true", help="each way in its own process, with its peak memory"
     )
@@ -186,19 +218,32 @@ def main() -> None:
             print(json.dumps(measure(mode, arch, int(d), args, Path(tmp))))
         return
     archs = args.arch or sorted(ARCHITECTURES)
-    modes = [mode for mode in MODES if not (mode == "naive" and args.no_naive)]
+    modes = args.modes or [m for m in MODES[:3] if not (m == "naive" and args.no_naive)]
+    if "single" not in modes or "group" not in modes:
+        parser.error("--modes: expected at least single and group")
+    card = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
     print(
         f"AR training, 2 layers, vocab={args.vocab}, {args.pairs} pairs, B={args.batch}, "
         f"K={args.group}, {args.steps} timed steps per model, {args.threads} thread(s), "
-        f"{args.device}; throughput in model-steps/s"
+        f"{args.device} ({card}); throughput in model-steps/s"
         + ("; peak memory in MB, each way in its own process" if args.memory else "")
     )
-    header = (
-        f"{'architecture':<12} {'d':>4} {'params':>10} {'naive':>8} {'single':>8} "
-        f"{'group':>8} {'single/naive':>13} {'group/single':>13}"
-    )
+    roof = 0.0
+    if args.flops:
+        size = 4096 if args.device.startswith("cuda") else 1024
+        roof = matmul_throughput(args.device, size)
+        print(f"float32 matmul {size}^3 on this device: {roof / 1e9:,.0f} GFLOP/s")
+    header = f"{'architecture':<15} {'d':>4} {'params':>10}"
+    header += "".join(f" {m:>8}" for m in modes)
+    header += f" {'group/single':>13}"
+    if "naive" in modes:
+        header += f" {'single/naive':>13}"
+    if "eager" in modes:
+        header += f" {'graph/eager':>12}"
+    if args.flops:
+        header += f" {'MFLOP':>8} {'% matmul':>9}"
     if args.memory:
-        header += f" {'MB naive':>9} {'MB single':>10} {'MB group':>9}"
+        header += "".join(f" {'MB ' + m:>10}" for m in modes)
     print(header)
     seconds = {"single": 0.0, "group": 0.0}  # the projected grid, one way and the other
     with tempfile.TemporaryDirectory() as tmp:
@@ -212,21 +257,20 @@ def main() -> None:
                 work = args.group * args.steps
                 speed = {m: work / rows[m]["seconds"] for m in modes}
                 single, group = speed["single"], speed["group"]
-                naive = speed.get("naive")
                 cfg = configs(args, arch, d)[0]
                 n = count_parameters(build_model(cfg.model))
-                naive_text = "-" if naive is None else f"{naive:.1f}"
-                ratio = "-" if naive is None else f"{single / naive:.2f}"
-                line = (
-                    f"{arch:<12} {d:>4} {n:>10,} {naive_text:>8} {single:>8.1f} {group:>8.1f} "
-                    f"{ratio:>13} {group / single:>13.2f}"
-                )
+                line = f"{arch:<15} {d:>4} {n:>10,}"
+                line += "".join(f" {speed[m]:>8.1f}" for m in modes)
+                line += f" {group / single:>13.2f}"
+                if "naive" in modes:
+                    line += f" {single / speed['naive']:>13.2f}"
+                if "eager" in modes:
+                    line += f" {group / speed['eager']:>12.2f}"
+                if args.flops:
+                    flops = step_flops(cfg, build_datasets(cfg.task), folder)
+                    line += f" {flops / 1e6:>8.0f} {100 * flops * group / roof:>9.2f}"
                 if args.memory:
-                    naive_mb = "-" if naive is None else f"{rows['naive']['peak_mb']:.0f}"
-                    line += (
-                        f" {naive_mb:>9} {rows['single']['peak_mb']:>10.0f}"
-                        f" {rows['group']['peak_mb']:>9.0f}"
-                    )
+                    line += "".join(f" {rows[m]['peak_mb']:>10.0f}" for m in modes)
                 print(line, flush=True)
                 work_per_shape = args.lrs * total_steps(
                     config_from_data(preset("paper", "ar", arch))

@@ -24,7 +24,8 @@ from mecheval.training import group as group_module
 from mecheval.training import group_trainer, read_status, resolve, train
 from mecheval.training.config import total_steps
 from mecheval.training.group import GroupTrainer, groupable, train_group
-from mecheval.training.stacked import StackedAdamW, clip_grad_norms_
+from mecheval.training.stack_feed import StackedBatches
+from mecheval.training.stacked import StackedAdamW, clip_grad_norms_, pad_stack
 from mecheval.training.trainer import Trainer
 
 
@@ -253,9 +254,9 @@ def test_non_finite_weights_at_evaluation(tmp_path: Path, data, monkeypatch, spy
     cfgs = [config(seed=0), config(seed=1)]
     original = StackedAdamW.step
 
-    def poison(self, params, grads, lr):
-        original(self, params, grads, lr)
-        if self.steps == 4 and self.size == 2:  # right before the eval at 4
+    def poison(self, params, *args):
+        original(self, params, *args)
+        if self.steps == 3 and self.size == 2:  # the step before the eval at 4 (counted after)
             params["final_norm.norm.bias"][1] = float("inf")  # slot 1: member 1
 
     monkeypatch.setattr(StackedAdamW, "step", poison)
@@ -305,7 +306,11 @@ def test_stacked_adamw_equals_torch_adamw() -> None:
             for n, p in m.named_parameters():
                 p.grad = grads[n][i].clone()
             ref.step()
-        opt.step(stacked, grads, [[lr * factor for lr in lrs]] * 2)
+        lr = torch.tensor([[lr * factor for lr in lrs]] * 2, dtype=torch.float64)
+        bias1 = torch.tensor(1 - 0.8 ** (step + 1), dtype=torch.float64)
+        bias2_sqrt = torch.tensor((1 - 0.99 ** (step + 1)) ** 0.5, dtype=torch.float64)
+        opt.step(stacked, grads, lr, bias1, bias2_sqrt)
+        opt.steps += 1
     for i, m in enumerate(models):
         for n, p in m.named_parameters():
             torch.testing.assert_close(stacked[n][i], p.detach(), msg=n)
@@ -430,7 +435,88 @@ def test_architecture_that_cannot_vmap_trains_one_by_one(
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
-def test_cuda_group_equals_one_by_one(tmp_path: Path, data, arch: str, spy: StackSpy) -> None:
+def test_cuda_group_equals_one_by_one(
+    tmp_path: Path, data, arch: str, spy: StackSpy, monkeypatch
+) -> None:
     """Where it pays, on a GPU: a stack on CUDA leaves the run folders one-by-one CUDA runs
-    leave, for every architecture (vmap batching rules differ between devices)."""
+    leave, for every architecture (vmap batching rules differ between devices). Eager, so
+    that the spy sees every vmapped call; the captured step is held to the eager one below."""
+    monkeypatch.setenv("MECHEVAL_CUDA_GRAPH", "0")
     assert_stack_equals_one_by_one(tmp_path, data, arch, "cuda", spy)
+
+
+# ---------------------------------------------------------------------------- the device feed
+
+
+@pytest.mark.parametrize(
+    "task",
+    [TASK, {"kind": "atr", "n_train": 64, "n_dev": 16, "n_test": 16}],
+    ids=["ar", "atr-lengths-vary"],
+)
+def test_stacked_batches_equal_each_members_batches(task: dict) -> None:
+    """The stack's batches, gathered on the device at each step, are every member's own
+    Trainer.batch_at (its seed's order, across epochs), cut to the stack's longest document
+    as pad_stack cuts the members' batches."""
+    cfgs = [config(task=task, seed=s, batch_size=8) for s in (0, 3, 7)]
+    datasets = build_datasets(resolve(cfgs[0]).task)
+    members = [Trainer(resolve(c), datasets, Path("unused")) for c in cfgs]
+    feed = StackedBatches(datasets["train"], [0, 3, 7], 8, torch.device("cpu"))
+    widths = set()
+    for step in range(2 * members[0].per_epoch + 1):  # into a third epoch
+        batches = [m.batch_at(step) for m in members]
+        width = feed.load(step)
+        tokens, query, answer = feed.inputs(width)
+        assert torch.equal(tokens, pad_stack([b.tokens for b in batches]))
+        assert torch.equal(query, torch.stack([b.query for b in batches]))
+        assert torch.equal(answer, torch.stack([b.answer for b in batches]))
+        widths.add(width)
+    assert feed.fixed_width == (len(widths) == 1)
+    if task["kind"] == "atr":
+        assert len(widths) > 1  # the cut was exercised
+
+
+def test_losses_read_every_few_steps_give_the_same_runs(tmp_path: Path, data, monkeypatch) -> None:
+    """Off a CPU the host reads the losses every CHECK_EVERY steps; doing so on the CPU
+    (every 5 steps) leaves the same run folders, byte for byte, as reading them at every
+    step, a diverged member included: recorded at the step its loss diverged."""
+    cfgs = [config(lr=3e-3, seed=0), config(lr=1e6, seed=1), config(lr=1e-2, seed=2)]
+    train_group(cfgs, [tmp_path / f"every{i}" for i in range(3)], datasets=data)
+    monkeypatch.setattr(group_trainer, "check_interval", lambda device: 5)
+    statuses = train_group(cfgs, [tmp_path / f"fifth{i}" for i in range(3)], datasets=data)
+    assert [s["state"] for s in statuses] == ["done", "failed", "done"]
+    reads = [s for s in range(1, 9) if s % 5 == 0 or s % 4 == 0]  # and at each evaluation
+    assert statuses[1]["step"] not in reads  # it diverged between two reads
+    for i in range(3):
+        for name in ("metrics.csv", "model.safetensors"):
+            ours, reference = tmp_path / f"fifth{i}" / name, tmp_path / f"every{i}" / name
+            assert ours.exists() == reference.exists()
+            if ours.exists():
+                assert ours.read_bytes() == reference.read_bytes(), (i, name)
+        a, b = read_status(tmp_path / f"fifth{i}"), read_status(tmp_path / f"every{i}")
+        assert (a["state"], a["reason"], a["step"]) == (b["state"], b["reason"], b["step"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_cuda_graph_step_equals_eager_step(tmp_path: Path, data, arch: str, monkeypatch) -> None:
+    """On a GPU the stack's step is captured once and replayed; the replay leaves the
+    parameters the eager step leaves (the same kernels, so the same bits)."""
+    cfgs = [config(arch, lr=3e-3, seed=s, steps=12, eval_every=6, device="cuda") for s in (0, 1)]
+    cfgs = [resolve(c) for c in cfgs]
+
+    def trained(name: str) -> GroupTrainer:
+        folders = [tmp_path / f"{name}{i}" for i in range(2)]
+        for folder in folders:
+            folder.mkdir()
+        group = GroupTrainer(cfgs, data, folders)
+        group.run()
+        return group
+
+    graphed = trained("graph")
+    assert graphed.captured is not None and graphed.captured.failed is None
+    assert graphed.captured.replaying
+    monkeypatch.setenv("MECHEVAL_CUDA_GRAPH", "0")
+    eager = trained("eager")
+    assert eager.captured is None
+    for name, p in eager.params.items():
+        torch.testing.assert_close(graphed.params[name], p, rtol=0, atol=0, msg=name)

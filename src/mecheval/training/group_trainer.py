@@ -1,16 +1,15 @@
 """The stacked trainer of a group (see group.py for what a group is and why): K same-shaped
 runs, each an ordinary Trainer, whose training step is one vmapped call over their stacked
-parameters; and which runs may form a group (:func:`groupable`).
-"""
+parameters, on the device from batch to update (replayed as a CUDA graph on a GPU)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
-import json
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,56 +18,35 @@ from torch.func import grad_and_value, stack_module_state, vmap
 
 from mecheval.tasks import Batch
 from mecheval.tasks.batch import ANSWER_POSITIONS, ANSWERS
+from mecheval.training.captured import CapturedStep, graphs_enabled
 from mecheval.training.checkpoint import save_checkpoint
-from mecheval.training.config import RunConfig, config_to_data
+from mecheval.training.config import RunConfig, warmup_steps
+from mecheval.training.grouping import group_key
 from mecheval.training.metrics import answer_loss, multi_answer_loss
 from mecheval.training.precision import autocast, rounding_eps, tf32
 from mecheval.training.reporter import NullReporter, Reporter
+from mecheval.training.schedule import lr_factor
+from mecheval.training.stack_feed import LossWatch, StackedBatches
 from mecheval.training.stacked import (
     Functional,
+    GradClip,
     StackedAdamW,
+    StepTables,
     Tensors,
-    clip_grad_norms_,
     pad_stack,
 )
-from mecheval.training.trainer import Callback, Diverged, Trainer, divergence
+from mecheval.training.trainer import Callback, Diverged, Trainer
 
-#: Training fields that may differ within a group: each member gets its own value.
-PER_RUN_FIELDS = ("lr", "seed", "weight_decay", "grad_clip", "keep_checkpoint")
-
-
-# ----------------------------------------------------------------------------- grouping
-
-
-def group_key(cfg: RunConfig) -> str:
-    """What members of a group share: the (resolved) config without name and per-run
-    fields."""
-    data = config_to_data(cfg)
-    data.pop("name", None)
-    for key in PER_RUN_FIELDS:
-        data["training"].pop(key, None)
-    return json.dumps(data, sort_keys=True)
+#: Off a CPU, the host reads the stack's losses (for divergence and progress) every this many
+#: steps, not at every step: a read waits for the device to finish all it was given. A
+#: member that diverges is still recorded at the step it diverged.
+CHECK_EVERY = 100
 
 
-def groupable(cfgs: Sequence[RunConfig], max_size: int | None = None) -> list[list[int]]:
-    """Partition ``cfgs`` (resolved configs, as a :class:`ResolvedRun` holds; by index, in
-    order of first appearance) into groups that can train together: same task, model, batch
-    size, steps, schedule shape, evaluation and ``train_queries``; lr, seed, weight decay and
-    clipping may differ. ``max_size`` splits larger groups into chunks (memory grows with the
-    group)."""
-    if max_size is not None and max_size < 1:
-        raise ValueError(f"max_size: expected >= 1, got {max_size}")
-    groups: dict[str, list[int]] = {}
-    for index, cfg in enumerate(cfgs):
-        groups.setdefault(group_key(cfg), []).append(index)
-    out: list[list[int]] = []
-    for members in groups.values():
-        size = max_size or len(members)
-        out.extend(members[i : i + size] for i in range(0, len(members), size))
-    return out
-
-
-# ----------------------------------------------------------------------------- the group
+def check_interval(device: torch.device) -> int:
+    """Every how many steps the host reads the stack's losses (on a CPU reading costs
+    nothing, so progress shows every step)."""
+    return 1 if device.type == "cpu" else CHECK_EVERY
 
 
 def query_loss(
@@ -117,7 +95,6 @@ class GroupTrainer:
         self.params: Tensors = {n: p.detach() for n, p in params.items()}
         self.buffers: Tensors = buffers
         self.device = first.device
-        self._index = torch.arange(len(self.members), device=self.device)
         # The param groups (names, decay) exactly as make_optimizer built each member's.
         names = {id(p): n for n, p in first.model.named_parameters()}
         groups = [[names[id(p)] for p in g["params"]] for g in first.optimizer.param_groups]
@@ -126,6 +103,34 @@ class GroupTrainer:
             for g in range(len(groups))
         ]
         self.optimizer = StackedAdamW(self.params, groups, decay, self.t.betas, self.t.eps)
+        # Every per-step number on the device (see stack_feed.py and captured.py).
+        total, warmup = self.total, warmup_steps(first.cfg)
+        self.tables = StepTables(
+            lambda s: lr_factor(s, total, warmup), total, self.t.betas, self.device
+        )
+        self.base_lr = torch.tensor(
+            [[g["initial_lr"] for g in m.optimizer.param_groups] for m in self.members],
+            dtype=torch.float64,
+        ).T.to(self.device)  # [G, K]
+        self.clip = GradClip([m.t.grad_clip for m in self.members], self.device)
+        self.watch = LossWatch([m.ceiling for m in self.members], self.device)
+        self.count = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.check_every = check_interval(self.device)
+        # The batches gathered on the device, unless the step draws extra queries on the host.
+        self.feed: StackedBatches | None = None
+        if ANSWER_POSITIONS in first.train_set.extras or self.t.train_queries == 1:
+            seeds = [m.t.seed for m in self.members]
+            self.feed = StackedBatches(first.train_set, seeds, self.t.batch_size, self.device)
+        self.captured: CapturedStep | None = None
+        # Captured where every step has one shape, and not under bf16 autocast, whose cache of
+        # cast weights a graph must not keep (torch's CUDA-graph notes).
+        self._capture = (
+            graphs_enabled(self.device)
+            and self.feed is not None
+            and self.feed.fixed_width
+            and self.t.precision != "bf16"
+        )
+        self._width = 0
         at_query = functools.partial(self._loss, query_loss)
         at_positions = functools.partial(self._loss, multi_answer_loss)
         self._grad_fn = vmap(grad_and_value(at_query))
@@ -147,16 +152,23 @@ class GroupTrainer:
         with autocast(self.t.precision, self.device):
             return loss(model, *inputs)
 
-    def grads_and_losses(
-        self, params: Tensors, buffers: Tensors, batches: Sequence[Batch], step: int
-    ) -> tuple[Tensors, torch.Tensor]:
-        """Every stacked model's gradient and loss on its own batch (``batches[k]``), in
-        ``training.precision`` as Trainer.train_step (TF32 over forward and backward, bf16
-        autocast over the forward). ``training.compile`` is not applied: the stack trains
-        eagerly (its results are the same; only single runs are compiled)."""
+    @contextlib.contextmanager
+    def _precision(self) -> Iterator[None]:
+        """The step's precision, as Trainer.train_step's: TF32 over forward and backward, bf16
+        autocast over the forward (inside :meth:`_loss`)."""
         with warnings.catch_warnings(), tf32(self.t.precision, self.device):
             # vmap's per-slice fallback for ops without a batching rule: slower, still right.
             warnings.filterwarnings("ignore", message="There is a performance drop")
+            yield
+
+    def grads_and_losses(
+        self, params: Tensors, buffers: Tensors, batches: Sequence[Batch], step: int
+    ) -> tuple[Tensors, torch.Tensor]:
+        """Every stacked model's gradient and loss on its own batch (``batches[k]``, on the
+        host's side: the probe, and steps that draw extra queries), in ``training.precision``.
+        ``training.compile`` is not applied: the stack trains eagerly (its results are the
+        same; only single runs are compiled)."""
+        with self._precision():
             if ANSWER_POSITIONS in batches[0].extras:
                 # Every answer of each document (MQAR), at each member's own positions.
                 return self._grad_fn_dense(
@@ -247,12 +259,6 @@ class GroupTrainer:
         member.step = self.step
         return member
 
-    def fail(self, slots: Sequence[int], errors: Sequence[Diverged]) -> None:
-        """Record the members in stack ``slots`` as diverged and take them off the stack."""
-        for j, err in zip(slots, errors, strict=True):
-            self.record_failure(j, err)
-        self.take_off(slots)
-
     def record_failure(self, slot: int, err: Diverged) -> None:
         self.failed[self.live[slot]] = err
         self.members[self.live[slot]].metrics.flush()
@@ -261,42 +267,70 @@ class GroupTrainer:
         """Remove stack ``slots`` from the stack (their members keep their last sync)."""
         dropped = set(slots)
         keep = [j for j in range(len(self.live)) if j not in dropped]
-        self._index = torch.tensor(keep, dtype=torch.long, device=self.device)
-        self.params = {n: p[self._index] for n, p in self.params.items()}
-        self.buffers = {n: b[self._index] for n, b in self.buffers.items()}
-        self.optimizer.keep(self._index)
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        self.params = {n: p[index] for n, p in self.params.items()}
+        self.buffers = {n: b[index] for n, b in self.buffers.items()}
+        self.optimizer.keep(index)
+        self.base_lr = self.base_lr[:, index]
+        for part in (self.clip, self.watch, self.feed):
+            if part is not None:
+                part.keep(index)
+        self.captured = None  # its tensors are gone: the next step captures anew
         self.live = [self.live[j] for j in keep]
 
-    def train_step(self) -> list[float]:
-        """One optimizer step of every live member; returns their (pre-step) losses."""
+    # ------------------------------------------------------------------ the step
+    def _update(self, grads: Tensors, losses: torch.Tensor) -> None:
+        """Everything of a step after the gradients, on the device: watch the losses, clip,
+        AdamW at the step's factors, count the step."""
+        self.watch.add(losses, self.count)
+        self.clip(grads)
+        factor, bias1, bias2_sqrt = self.tables.at(self.count)
+        self.optimizer.step(self.params, grads, self.base_lr * factor, bias1, bias2_sqrt)
+        self.count.add_(1)
+
+    def _device_step(self) -> None:
+        """A whole step from device tensors only (what a captured graph replays)."""
+        assert self.feed is not None
+        grad_fn = self._grad_fn_dense if self.feed.dense else self._grad_fn
+        with self._precision():
+            grads, losses = grad_fn(self.params, self.buffers, *self.feed.inputs(self._width))
+        self._update(grads, losses)
+
+    def train_step(self) -> None:
+        """One optimizer step of every live member (their losses stay on the device until
+        :meth:`check` reads them)."""
         step = self.step
-        batches = [self.members[k].batch_at(step) for k in self.live]
-        grads, losses = self.grads_and_losses(self.params, self.buffers, batches, step)
-        values = losses.tolist()
-        stops = [
-            divergence(v, step + 1, self.members[k].ceiling)
-            for v, k in zip(values, self.live, strict=True)
-        ]
-        bad = [j for j, stop in enumerate(stops) if stop is not None]
-        if bad:
-            self.fail(bad, [stops[j] for j in bad])  # type: ignore[misc]
-            if not self.live:
-                return []
-            grads = {n: g[self._index] for n, g in grads.items()}
-            values = [v for j, v in enumerate(values) if j not in set(bad)]
-        members = [self.members[k] for k in self.live]
-        clip_grad_norms_(grads, [m.t.grad_clip for m in members])
-        lrs = [
-            [m.optimizer.param_groups[g]["lr"] for m in members]
-            for g in range(len(members[0].optimizer.param_groups))
-        ]
-        self.optimizer.step(self.params, grads, lrs)
+        if self.feed is None:
+            batches = [self.members[k].batch_at(step) for k in self.live]
+            grads, losses = self.grads_and_losses(self.params, self.buffers, batches, step)
+            self._update(grads, losses)
+        else:
+            self._width = self.feed.load(step)
+            if self._capture:
+                if self.captured is None:
+                    self.captured = CapturedStep(self._device_step)
+                self.captured()
+            else:
+                self._device_step()
+        self.optimizer.steps += 1
         with warnings.catch_warnings():
             # Each member's LambdaLR is stepped without its (unused) torch optimizer stepping.
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
-            for m in members:
-                m.scheduler.step()
-        return values
+            for k in self.live:
+                self.members[k].scheduler.step()
+
+    def check(self) -> None:
+        """Read the losses back: give each member its running loss, report progress, and take
+        the diverged members off the stack (recorded at the step they diverged)."""
+        for k, (total, count) in zip(self.live, self.watch.sums(), strict=True):
+            self.members[k].loss_sum, self.members[k].loss_count = total, count
+        diverged = self.watch.diverged()
+        if diverged:
+            for j, err in diverged:
+                self.record_failure(j, err)
+            self.take_off([j for j, _ in diverged])
+        if self.live:
+            self.reporter.step(self.step, float(self.watch.last.mean()))
 
     # ------------------------------------------------------------------ evaluation, state
     def evaluate_now(self) -> None:
@@ -317,6 +351,7 @@ class GroupTrainer:
             self.record_failure(j, err)
         if diverged or reached:
             self.take_off([j for j, _ in diverged] + reached)
+        self.watch.reset_sums()  # each member's Trainer.evaluate_now reset its own
 
     def save_checkpoints(self, start: float) -> None:
         """Each live member's checkpoint in the single-run format, so ``train_run()`` resumes it."""
@@ -347,18 +382,17 @@ class GroupTrainer:
         try:
             self.evaluate_now()
             while self.step < self.total and self.live:
-                values = self.train_step()
+                self.train_step()
                 self.step += 1
-                for k, value in zip(self.live, values, strict=True):
-                    self.members[k].loss_sum += value
-                    self.members[k].loss_count += 1
-                if values:
-                    self.reporter.step(self.step, sum(values) / len(values))
-                if self.step % self.t.eval_every == 0 or self.step == self.total:
+                evaluate = self.step % self.t.eval_every == 0 or self.step == self.total
+                save = self.step % self.t.checkpoint_every == 0 and self.step < self.total
+                if evaluate or save or self.step % self.check_every == 0:
+                    self.check()
+                if evaluate and self.live:
                     self.evaluate_now()
                     if self.live:
                         self.reporter.evaluated(self.step, self.members[self.live[0]].last_results)
-                if self.step % self.t.checkpoint_every == 0 and self.step < self.total:
+                if save and self.live:
                     self.save_checkpoints(start)
             for j in range(len(self.live)):
                 self.sync(j)

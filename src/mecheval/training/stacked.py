@@ -11,7 +11,7 @@ hyper-parameters, each equal to torch's single-model version applied to every mo
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -45,6 +45,9 @@ class StackedAdamW:
         if set(self.group_of) != set(params):
             raise ValueError("StackedAdamW: groups must name every parameter exactly once")
         self.weight_decay = torch.tensor(weight_decay, dtype=torch.float64)  # [G, K]
+        self.any_decay = (self.weight_decay != 0).any(dim=1).tolist()
+        first = next(iter(params.values()))
+        self.decay = self.weight_decay.to(first.device)  # the same, where the parameters are
         self.betas = betas
         self.eps = eps
         self.steps = 0
@@ -56,23 +59,29 @@ class StackedAdamW:
         return self.weight_decay.shape[1]
 
     @torch.no_grad()
-    def step(self, params: Tensors, grads: Tensors, lr: Sequence[Sequence[float]]) -> None:
-        """Update ``params`` in place; ``lr[g][k]``: group g's current LR for model k."""
-        self.steps += 1
+    def step(
+        self,
+        params: Tensors,
+        grads: Tensors,
+        lr: torch.Tensor,
+        bias_correction1: torch.Tensor,
+        bias_correction2_sqrt: torch.Tensor,
+    ) -> None:
+        """Update ``params`` in place. ``lr[g, k]``: group g's current LR for model k, and the
+        step's two bias corrections, all float64 tensors on the parameters' device (see
+        :class:`StepTables`): no number comes from the host, so the step launches kernels
+        only and can be captured as a CUDA graph. The caller counts the step in
+        :attr:`steps` (a captured step replays without running Python)."""
         beta1, beta2 = self.betas
-        bias_correction1 = 1 - beta1**self.steps
-        bias_correction2_sqrt = (1 - beta2**self.steps) ** 0.5
         # Per-model factors in float64, as torch computes its Python-float scalars, then
         # rounded once to the parameters' dtype.
-        lrs = torch.tensor(lr, dtype=torch.float64)
-        decays = 1 - lrs * self.weight_decay
-        step_sizes = lrs / bias_correction1
-        any_decay = (self.weight_decay != 0).any(dim=1).tolist()
+        decays = 1 - lr * self.decay
+        step_sizes = lr / bias_correction1
         for name, p in params.items():
             g = self.group_of[name]
             shape = (p.shape[0],) + (1,) * (p.dim() - 1)
             grad, exp_avg, exp_avg_sq = grads[name], self.exp_avg[name], self.exp_avg_sq[name]
-            if any_decay[g]:
+            if self.any_decay[g]:
                 p.mul_(decays[g].to(p).view(shape))
             exp_avg.lerp_(grad, 1 - beta1)
             exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
@@ -82,27 +91,80 @@ class StackedAdamW:
     def keep(self, index: torch.Tensor) -> None:
         """Keep only the models at ``index`` (dropping diverged ones), in that order."""
         self.weight_decay = self.weight_decay[:, index.cpu()]
+        self.decay = self.decay[:, index]
+        self.any_decay = (self.weight_decay != 0).any(dim=1).tolist()
         for state in (self.exp_avg, self.exp_avg_sq):
             for name in state:
                 state[name] = state[name][index]
+
+
+class StepTables:
+    """Every per-step number of :class:`StackedAdamW`, computed once on the host as Python
+    floats (exactly as ``LambdaLR`` and torch's AdamW compute them) and kept on the device,
+    where a step reads them at a device step counter: ``lr_factor[s]`` (the schedule's factor
+    of optimizer step s, 0-based) and both bias corrections of step s + 1."""
+
+    def __init__(
+        self,
+        lr_factor: Callable[[int], float],
+        total: int,
+        betas: tuple[float, float],
+        device: torch.device,
+    ) -> None:
+        beta1, beta2 = betas
+        steps = range(total + 1)
+
+        def table(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float64).to(device)
+
+        self.lr_factor = table([lr_factor(s) for s in steps])
+        self.bias_correction1 = table([1 - beta1 ** (s + 1) for s in steps])
+        self.bias_correction2_sqrt = table([(1 - beta2 ** (s + 1)) ** 0.5 for s in steps])
+
+    def at(self, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The factors of optimizer step ``step`` (a one-element long tensor on the device)."""
+        return (
+            self.lr_factor.index_select(0, step)[0],
+            self.bias_correction1.index_select(0, step)[0],
+            self.bias_correction2_sqrt.index_select(0, step)[0],
+        )
+
+
+class GradClip:
+    """Per-model ``nn.utils.clip_grad_norm_`` (see :func:`clip_grad_norms_`) with the limits
+    kept on the device, so that clipping a step sends nothing from the host."""
+
+    def __init__(self, max_norms: Sequence[float | None], device: torch.device) -> None:
+        self.active = any(m is not None for m in max_norms)
+        limits = [math.inf if m is None else m for m in max_norms]
+        self.limit = torch.tensor(limits).to(device)
+        self.clipped = torch.tensor([m is not None for m in max_norms]).to(device)
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep only the models at ``index``, in that order."""
+        self.limit, self.clipped = self.limit[index], self.clipped[index]
+
+    def __call__(self, grads: Tensors) -> torch.Tensor:
+        """Clip ``grads`` in place; return the per-model norms before clipping."""
+        norms = torch.stack(
+            [torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads.values()], dim=1
+        )
+        total = torch.linalg.vector_norm(norms, dim=1)  # [K]
+        if not self.active:
+            return total
+        limit = self.limit.to(total)
+        coef = torch.where(self.clipped, (limit / (total + 1e-6)).clamp(max=1.0), 1.0)
+        for g in grads.values():
+            g.mul_(coef.view((g.shape[0],) + (1,) * (g.dim() - 1)))
+        return total
 
 
 def clip_grad_norms_(grads: Tensors, max_norms: Sequence[float | None]) -> torch.Tensor:
     """Per-model ``nn.utils.clip_grad_norm_``: model k's gradients (slice k of every tensor)
     are scaled by ``min(1, max_norms[k] / (norm_k + 1e-6))``, norm_k over its own parameters
     only; ``None`` leaves a model unclipped. Returns the per-model norms before clipping."""
-    norms = torch.stack(
-        [torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads.values()], dim=1
-    )
-    total = torch.linalg.vector_norm(norms, dim=1)  # [K]
-    if all(m is None for m in max_norms):
-        return total
-    limit = torch.tensor([math.inf if m is None else m for m in max_norms]).to(total)
-    clipped = torch.tensor([m is not None for m in max_norms], device=total.device)
-    coef = torch.where(clipped, (limit / (total + 1e-6)).clamp(max=1.0), 1.0)
-    for g in grads.values():
-        g.mul_(coef.view((g.shape[0],) + (1,) * (g.dim() - 1)))
-    return total
+    device = next(iter(grads.values())).device
+    return GradClip(max_norms, device)(grads)
 
 
 class Functional:

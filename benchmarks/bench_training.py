@@ -233,18 +233,17 @@ def main() -> None:
         size = 4096 if args.device.startswith("cuda") else 1024
         roof = matmul_throughput(args.device, size)
         print(f"float32 matmul {size}^3 on this device: {roof / 1e9:,.0f} GFLOP/s")
-    header = f"{'architecture':<15} {'d':>4} {'params':>10}"
-    header += "".join(f" {m:>8}" for m in modes)
-    header += f" {'group/single':>13}"
-    if "naive" in modes:
-        header += f" {'single/naive':>13}"
-    if "eager" in modes:
-        header += f" {'graph/eager':>12}"
-    if args.flops:
-        header += f" {'MFLOP':>8} {'% matmul':>9}"
-    if args.memory:
-        header += "".join(f" {'MB ' + m:>10}" for m in modes)
-    print(header)
+    # (title, width) of each column after architecture, d and parameters
+    columns = [(m, 8) for m in modes] + [("group/single", 13)]
+    columns += [("single/naive", 13)] if "naive" in modes else []
+    columns += [("graph/eager", 12)] if "eager" in modes else []
+    columns += [("MFLOP", 8), ("% matmul", 9)] if args.flops else []
+    columns += [(f"MB {m}", 10) for m in modes] if args.memory else []
+
+    def line(first: str, cells: list[str]) -> str:
+        return first + "".join(f" {c:>{w}}" for c, (_, w) in zip(cells, columns, strict=True))
+
+    print(line(f"{'architecture':<15} {'d':>4} {'params':>10}", [t for t, _ in columns]))
     seconds = {"single": 0.0, "group": 0.0}  # the projected grid, one way and the other
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -259,19 +258,17 @@ def main() -> None:
                 single, group = speed["single"], speed["group"]
                 cfg = configs(args, arch, d)[0]
                 n = count_parameters(build_model(cfg.model))
-                line = f"{arch:<15} {d:>4} {n:>10,}"
-                line += "".join(f" {speed[m]:>8.1f}" for m in modes)
-                line += f" {group / single:>13.2f}"
+                cells = [f"{speed[m]:.1f}" for m in modes] + [f"{group / single:.2f}"]
                 if "naive" in modes:
-                    line += f" {single / speed['naive']:>13.2f}"
+                    cells.append(f"{single / speed['naive']:.2f}")
                 if "eager" in modes:
-                    line += f" {group / speed['eager']:>12.2f}"
+                    cells.append(f"{group / speed['eager']:.2f}")
                 if args.flops:
                     flops = step_flops(cfg, build_datasets(cfg.task), folder)
-                    line += f" {flops / 1e6:>8.0f} {100 * flops * group / roof:>9.2f}"
+                    cells += [f"{flops / 1e6:.0f}", f"{100 * flops * group / roof:.2f}"]
                 if args.memory:
-                    line += "".join(f" {rows[m]['peak_mb']:>10.0f}" for m in modes)
-                print(line, flush=True)
+                    cells += [f"{rows[m]['peak_mb']:.0f}" for m in modes]
+                print(line(f"{arch:<15} {d:>4} {n:>10,}", cells), flush=True)
                 work_per_shape = args.lrs * total_steps(
                     config_from_data(preset("paper", "ar", arch))
                 )

@@ -426,12 +426,24 @@ def test_reproduce_attribution_grades_every_run_and_prints_the_table(
     assert (folder / "report" / "attribution-grading.png").exists()
     # The estimates in the results table, beside the exact restores, named by their source.
     from mecheval.experiments.store import load_results
+    from mecheval.training import read_status
 
     results = load_results(folder)
     restored = results[(results.condition == "restored") & (results.metric == "likelihood")]
     by_source = restored.groupby("source").size()
     assert set(by_source.index) == {"mechanistic", *METHODS}
     assert by_source["attribution"] == by_source["integrated-gradients"] > 0
+    # And each grade, as rows of condition "graded", at the step of its estimates.
+    graded = results[results.condition == "graded"]
+    assert set(graded.source) == set(METHODS)
+    for grade in records.itertuples():
+        mine = graded[(graded.run == grade.run) & (graded.source == grade.method)]
+        values = dict(zip(mine.metric, mine.value, strict=True))
+        assert values["pearson"] == grade.pearson and values["recall"] == grade.recall
+        assert values["seconds"] == grade.seconds
+        assert values["agrees"] == float(grade.agrees)
+        steps = results[(results.run == grade.run) & (results.source == grade.method)].step
+        assert set(steps) == {int(read_status(folder / grade.run)["step"])}
 
 
 def test_the_summary_counts_agreement_where_a_restore_decides_the_label() -> None:

@@ -131,6 +131,47 @@ def estimated_rows(run_dir: Path) -> pd.DataFrame:
     return read_table(path, MEASUREMENT_COLUMNS, keep_default_na=False)[MEASUREMENT_COLUMNS]
 
 
+#: A grade's numbers as results rows (condition ``graded``; ``agrees`` is 1 or 0, empty where
+#: either label is missing; the seconds are the estimate's and the exact engine's).
+GRADE_METRICS = ("pearson", "spearman", "recall", "error", "agrees", "seconds", "exact_seconds")
+
+
+def graded_rows(run_dir: Path, estimated: pd.DataFrame) -> pd.DataFrame:
+    """``attribution.json``: each estimator's grade against the exact table, as rows of
+    condition ``graded`` with ``source`` the estimator, at the step and split of its
+    estimates (``estimated``, the run's :func:`estimated_rows`)."""
+    rows = []
+    for record in read_grades(run_dir):
+        method = record["method"]
+        mine = estimated[estimated.source == method]
+        step, split = (mine.step.iloc[0], mine.split.iloc[0]) if len(mine) else (None, None)
+        for metric in GRADE_METRICS:
+            value = record.get(metric)
+            rows.append(
+                {
+                    "source": method,
+                    "step": step,
+                    "split": split,
+                    "condition": "graded",
+                    "metric": metric,
+                    "value": float("nan") if value is None else float(value),
+                }
+            )
+    return pd.DataFrame(rows, columns=MEASUREMENT_COLUMNS)
+
+
+def read_grades(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of a run's ``attribution.json`` (none where it has not been graded)."""
+    path = run_dir / "attribution.json"
+    if not path.exists():
+        return []
+    try:
+        records = json.loads(path.read_text(encoding="utf-8"))
+        return [dict(record) for record in records]
+    except (UnicodeDecodeError, json.JSONDecodeError, TypeError, ValueError) as err:
+        raise DamagedFile(f"{path}: damaged ({type(err).__name__})") from None
+
+
 def status_reason(status: dict[str, Any]) -> str:
     """Why a run ended where it did: a failed run's reason, an early stop's note
     (``training.stop_at_accuracy``), or ""."""
@@ -140,10 +181,12 @@ def status_reason(status: dict[str, Any]) -> str:
 def run_table(run_dir: Path) -> pd.DataFrame:
     config = read_config_data(run_dir)
     status = run_status(run_dir)
+    estimated = estimated_rows(run_dir)
+    graded = graded_rows(run_dir, estimated)
     measurements = pd.concat(
         [
             t
-            for t in (behavioural_rows(run_dir), mechanistic_rows(run_dir), estimated_rows(run_dir))
+            for t in (behavioural_rows(run_dir), mechanistic_rows(run_dir), estimated, graded)
             if len(t)
         ]
         or [pd.DataFrame(columns=MEASUREMENT_COLUMNS)],
@@ -317,14 +360,9 @@ def grading_records(experiment_dir: str | Path) -> pd.DataFrame:
     architecture, seed and dev accuracy; empty where no run was graded."""
     rows = []
     for run_dir in run_dirs(Path(experiment_dir)):
-        path = run_dir / "attribution.json"
-        if not path.exists():
+        records = read_grades(run_dir)
+        if not records:
             continue
-        try:
-            records = json.loads(path.read_text(encoding="utf-8"))
-            records = [dict(record) for record in records]
-        except (UnicodeDecodeError, json.JSONDecodeError, TypeError, ValueError) as err:
-            raise DamagedFile(f"{path}: damaged ({type(err).__name__})") from None
         config = read_config_data(run_dir)
         dev = _dev_accuracy(run_status(run_dir))
         for record in records:

@@ -26,7 +26,7 @@ from mecheval.training.metrics import answer_loss, multi_answer_loss
 from mecheval.training.precision import autocast, rounding_eps, tf32
 from mecheval.training.reporter import NullReporter, Reporter
 from mecheval.training.schedule import lr_factor
-from mecheval.training.stack_feed import LossWatch, StackedBatches
+from mecheval.training.stack_feed import LossWatch, StackedBatches, check_interval
 from mecheval.training.stacked import (
     Functional,
     GradClip,
@@ -36,17 +36,6 @@ from mecheval.training.stacked import (
     pad_stack,
 )
 from mecheval.training.trainer import Callback, Diverged, Trainer
-
-#: Off a CPU, the host reads the stack's losses (for divergence and progress) every this many
-#: steps, not at every step: a read waits for the device to finish all it was given. A
-#: member that diverges is still recorded at the step it diverged.
-CHECK_EVERY = 100
-
-
-def check_interval(device: torch.device) -> int:
-    """Every how many steps the host reads the stack's losses (on a CPU reading costs
-    nothing, so progress shows every step)."""
-    return 1 if device.type == "cpu" else CHECK_EVERY
 
 
 def query_loss(
@@ -310,6 +299,12 @@ class GroupTrainer:
                 if self.captured is None:
                     self.captured = CapturedStep(self._device_step)
                 self.captured()
+                if self.captured.failed is not None:
+                    self._capture = False  # the rest of the run steps eagerly, as it just did
+                    self.reporter.warn(
+                        f"{self.cfgs[0].model.architecture}: the stacked step could not be "
+                        f"captured as a CUDA graph ({self.captured.failed}); training it eagerly"
+                    )
             else:
                 self._device_step()
         self.optimizer.steps += 1

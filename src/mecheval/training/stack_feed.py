@@ -15,6 +15,17 @@ from mecheval.tasks.batch import ANSWER_POSITIONS, ANSWERS
 from mecheval.tasks.dataset import TaskDataset
 from mecheval.training.trainer import Diverged, divergence, epoch_order
 
+#: Off a CPU, the host reads the stack's losses (for divergence and progress) every this many
+#: steps, not at every step: a read waits for the device to finish all it was given. A
+#: member that diverges is still recorded at the step it diverged.
+CHECK_EVERY = 100
+
+
+def check_interval(device: torch.device) -> int:
+    """Every how many steps the host reads the stack's losses (on a CPU reading costs
+    nothing, so progress shows every step)."""
+    return 1 if device.type == "cpu" else CHECK_EVERY
+
 
 class StackedBatches:
     """Member k's batch of every step, as ``Trainer.batch_at`` draws it (its own seed's

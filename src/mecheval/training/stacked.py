@@ -44,10 +44,10 @@ class StackedAdamW:
         self.group_of = {name: g for g, names in enumerate(groups) for name in names}
         if set(self.group_of) != set(params):
             raise ValueError("StackedAdamW: groups must name every parameter exactly once")
-        self.weight_decay = torch.tensor(weight_decay, dtype=torch.float64)  # [G, K]
+        device = next(iter(params.values())).device
+        self.weight_decay = torch.tensor(weight_decay, dtype=torch.float64).to(device)  # [G, K]
+        # Groups without decay skip the multiply (once per change of the stack, not per step).
         self.any_decay = (self.weight_decay != 0).any(dim=1).tolist()
-        first = next(iter(params.values()))
-        self.decay = self.weight_decay.to(first.device)  # the same, where the parameters are
         self.betas = betas
         self.eps = eps
         self.steps = 0
@@ -75,7 +75,7 @@ class StackedAdamW:
         beta1, beta2 = self.betas
         # Per-model factors in float64, as torch computes its Python-float scalars, then
         # rounded once to the parameters' dtype.
-        decays = 1 - lr * self.decay
+        decays = 1 - lr * self.weight_decay
         step_sizes = lr / bias_correction1
         for name, p in params.items():
             g = self.group_of[name]
@@ -90,8 +90,7 @@ class StackedAdamW:
 
     def keep(self, index: torch.Tensor) -> None:
         """Keep only the models at ``index`` (dropping diverged ones), in that order."""
-        self.weight_decay = self.weight_decay[:, index.cpu()]
-        self.decay = self.decay[:, index]
+        self.weight_decay = self.weight_decay[:, index]
         self.any_decay = (self.weight_decay != 0).any(dim=1).tolist()
         for state in (self.exp_avg, self.exp_avg_sq):
             for name in state:

@@ -29,6 +29,8 @@ NAMES = [
     "overwrite-ar-restore",
     "mqar-restore",
     "compositional-mqar-restore",
+    "reverse-ar-restore",
+    "stacked-mqar-restore",
     "state-size",
 ]
 

@@ -237,6 +237,7 @@ def reproduce_command(
         out / spec.name,
         report_figures(experiment, spec),
         matrix=experiment.matrix,
+        name=experiment.name,
         graded=bool(experiment.plan.methods),
     )
     if any(o.state != "done" for o in outcomes):
@@ -318,7 +319,11 @@ def reproduce_spec(
 
 
 def _report(
-    experiment_dir: Path, figures: tuple[str, ...], matrix: str = "", graded: bool = False
+    experiment_dir: Path,
+    figures: tuple[str, ...],
+    matrix: str = "",
+    name: str = "",
+    graded: bool = False,
 ) -> None:
     """Print the experiment's figures and mechanism table, and save exactly what was printed
     (figure files, and report.html with the same figures, reasons and table); ``matrix``
@@ -334,6 +339,8 @@ def _report(
         from mecheval.report.matrix import CONV_COLUMNS, TASK_COLUMNS, render_matrix
 
         columns = TASK_COLUMNS if matrix == "task" else CONV_COLUMNS
+        if name:  # the matrix is named after its experiment
+            columns = replace(columns, name=name)
         results.insert(0, render_matrix(label_records(experiment_dir), columns))
     records = grading_records(experiment_dir) if graded else None
     if records is not None and len(records):

@@ -328,6 +328,26 @@ def _catalog() -> dict[str, Experiment]:
             ("compositional-mqar-restore",),
         ),
         Experiment(
+            "reverse-ar",
+            "Reverse AR, the value before its key: which architectures learn it, and how, "
+            "without and with a 4-tap short conv",
+            "reverse_ar",
+            {"model.architecture": conv_archs, "model.short_conv": ["none", 4]},
+            ("reverse-ar-restore",),
+            matrix="short conv",
+            accepts=switchable,
+        ),
+        Experiment(
+            "stacked-mqar",
+            "The protocol's control: stacked MQAR, key and value in one token, so no shift is "
+            "needed; without and with a 4-tap short conv",
+            "stacked_mqar",
+            {"model.architecture": conv_archs, "model.short_conv": ["none", 4]},
+            ("stacked-mqar-restore",),
+            matrix="short conv",
+            accepts=switchable,
+        ),
+        Experiment(
             "task-matrix",
             "Mechanism matrix: every architecture on every task of the AR family",
             "ar",

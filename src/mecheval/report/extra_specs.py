@@ -100,6 +100,22 @@ def compositional_mqar_restore(df: pd.DataFrame) -> Heatmaps:
     return restore_heatmaps(df, "compositional_mqar", "Compositional MQAR", roles)
 
 
+@figure("reverse-ar-restore")
+def reverse_ar_restore(df: pd.DataFrame) -> Heatmaps:
+    """Reverse AR: restored @ value (before its key: a causal model cannot have moved the
+    key there), key, the token after the key, query."""
+    roles = ("value", "key", "next_key", "query")
+    return restore_heatmaps(df, "reverse_ar", "Reverse AR", roles)
+
+
+@figure("stacked-mqar-restore")
+def stacked_mqar_restore(df: pd.DataFrame) -> Heatmaps:
+    """Stacked MQAR, the protocol's control: restored @ key (the key and its value's one
+    position), the position after it, query."""
+    roles = ("key", "next_key", "query")
+    return restore_heatmaps(df, "stacked_mqar", "Stacked MQAR", roles)
+
+
 # ---------------------------------------------------------------------------- state size
 @figure("state-size")
 def state_size(df: pd.DataFrame) -> StateScatter:

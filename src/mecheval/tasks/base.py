@@ -92,6 +92,18 @@ class TaskConfigBase(BaseModel):
         """[lo, hi) ids of the class a corrupted key is drawn from."""
         raise NotImplementedError
 
+    def key_of(self, ids: torch.Tensor) -> torch.Tensor:
+        """The key-class id each id carries, for corruption (tasks/corrupt.py): the id itself
+        by default; a task whose tokens carry a key inside them (stacked MQAR's pair ids)
+        maps them to that key."""
+        return ids
+
+    def with_key(self, ids: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """``ids`` with the key they carry replaced by ``keys`` (key-class ids): ``keys`` by
+        default, a token that is its key."""
+        del ids
+        return keys
+
     def shared_state(self) -> Any:
         """State built once per config and handed to every split's generator (ATR: its
         grammar); None by default."""

@@ -1,5 +1,7 @@
-"""Counterfactual documents: the token at ``roles["key"]`` replaced by another of its class
-(the task's ``key_class()``).
+"""Counterfactual documents: the key at ``roles["key"]`` replaced by another of its class
+(the task's ``key_class()``). The key is the token there, or the key it carries where the
+task's tokens carry one (``key_of`` / ``with_key``: stacked MQAR's pair ``k:v`` becomes
+``k':v``).
 
 * A task with ``corrupt_to_absent`` (AR): another id, drawn uniformly among the class's ids
   that occur nowhere in the document, so the corrupted query has no answer in context (the
@@ -25,16 +27,17 @@ def corrupt(batch: Batch, cfg: TaskConfigBase, seed: int) -> Batch:
     tokens = batch.tokens.cpu()
     rows = torch.arange(len(batch))
     pos = batch.roles["key"].cpu()
-    old = tokens[rows, pos]
+    keys = cfg.key_of(tokens)
+    old = keys[rows, pos]
     lo, hi = cfg.key_class()
     n_class = hi - lo
     if n_class < 2:
         raise ValueError("corrupt: the key class has a single token; nothing to swap in")
     if cfg.corrupt_to_absent and len(batch):
         present = torch.zeros(len(batch), n_class, dtype=torch.bool)
-        in_class = (tokens >= lo) & (tokens < hi)
+        in_class = (keys >= lo) & (keys < hi)
         r, c = in_class.nonzero(as_tuple=True)
-        present[r, tokens[r, c] - lo] = True
+        present[r, keys[r, c] - lo] = True
         allowed = ~present
         full = ~allowed.any(dim=1)
         # Every key is in the document: fall back to any key but the original.
@@ -46,5 +49,5 @@ def corrupt(batch: Batch, cfg: TaskConfigBase, seed: int) -> Batch:
         shift = torch.randint(1, n_class, (len(batch),), generator=gen)
         new = (old - lo + shift) % n_class + lo
     out = tokens.clone()
-    out[rows, pos] = new
+    out[rows, pos] = cfg.with_key(tokens[rows, pos], new)
     return batch.with_tokens(out.to(batch.tokens.device))

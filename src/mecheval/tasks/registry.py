@@ -20,6 +20,8 @@ from mecheval.tasks.compositional_mqar import CompositionalMQARConfig
 from mecheval.tasks.mqar import MQARConfig
 from mecheval.tasks.noisy_ar import NoisyARConfig
 from mecheval.tasks.overwrite_ar import OverwriteARConfig
+from mecheval.tasks.reverse_ar import ReverseARConfig
+from mecheval.tasks.stacked_mqar import StackedMQARConfig
 
 TASKS: dict[str, type[TaskConfigBase]] = {}
 
@@ -47,6 +49,8 @@ for _task in (
     OverwriteARConfig,
     MQARConfig,
     CompositionalMQARConfig,
+    ReverseARConfig,
+    StackedMQARConfig,
 ):
     register_task(_task)
 

@@ -28,10 +28,10 @@ def dataset_stats(ds: TaskDataset) -> dict[str, dict[str, float]]:
     values = {"document length (tokens)": ds.lengths}
     if "divider" in roles:
         values["content length (symbols before <div>)"] = roles["divider"] - 1
-    values |= {
-        "key-value distance": (roles["value"] - roles["key"]).abs(),
-        "key-query distance": roles["query"] - roles["key"],
-        "value-query distance": roles["query"] - roles["value"],
-    }
+    if "value" in roles:  # stacked MQAR's value shares its key's position: no value role
+        values["key-value distance"] = (roles["value"] - roles["key"]).abs()
+    values["key-query distance"] = roles["query"] - roles["key"]
+    if "value" in roles:
+        values["value-query distance"] = roles["query"] - roles["value"]
     values.update(ds.cfg.stats(ds))
     return {name: summarise(v) for name, v in values.items()}

@@ -130,9 +130,11 @@ def test_deltanet_output_projection_is_not_rescaled() -> None:
 
 
 def test_short_convolutions_keep_pytorchs_default_init() -> None:
-    # zoology's init touches Linear and Embedding only; Conv1d keeps U(+-1/sqrt(k))
-    for arch in ("baseconv", "hyena", "deltanet", "mamba"):
-        convs = [m for m in paper_model(arch, 256).modules() if isinstance(m, ShortConv)]
+    # zoology's init touches Linear and Embedding only; Conv1d keeps U(+-1/sqrt(k)). So do the
+    # short convs of Gated DeltaNet and GLA, where fla's own init draws them from N(0, 0.02).
+    cases = [(arch, {}) for arch in ("baseconv", "hyena", "deltanet", "mamba", "gated_deltanet")]
+    for arch, mixer in [*cases, ("gla", {"conv_size": 4})]:
+        convs = [m for m in paper_model(arch, 256, **mixer).modules() if isinstance(m, ShortConv)]
         assert convs, arch
         for conv in convs:
             bound = 1 / math.sqrt(conv.kernel_size)

@@ -4,10 +4,17 @@
     q, k, v = SiLU(q_conv(W_q x)), SiLU(k_conv(W_k x)), SiLU(v_conv(W_v x))   per head:
     q, k    = q / |q|, k / |k|          (fla: qk_activation="silu", qk_norm="l2")
     q       = q / sqrt(d_head)          (fla's kernels scale q by d_k^-0.5 by default)
-    β_t     = sigmoid(w_β · x_t)        one per head (use_beta=True)
+    β_t     = sigmoid(w_β · x_t)        one per head (use_beta=True); 2 sigmoid(w_β · x_t)
+                                         with allow_neg_eigval
     S_t     = S_{t-1} + β_t (v_t - S_{t-1} k_t) k_tᵀ,   o_t = S_t q_t
     out     = o_proj(RMSNorm_head(o))    fla normalises each head's output (o_norm) when
                                          use_gate=False, its default
+
+The state's transition I - β_t k_t k_tᵀ has eigenvalue 1 - β_t along k_t (1 elsewhere): in
+(0, 1) by default. ``allow_neg_eigval: true`` doubles β into (0, 2), so that eigenvalue reaches
+into (-1, 1), a reflection at β = 2 (Grazzi et al., 2025, "Unlocking State-Tracking in Linear
+RNNs Through Negative Eigenvalues"; fla's ``allow_neg_eigval``, off by default there too). It
+changes β alone, so every form of the rule takes it.
 
 As in fla, the projections, β and the convolutions have no bias (conv_bias=False) and the
 convolutions have kernel size 4. The output projection keeps fla's name ``o_proj``: the paper's
@@ -52,6 +59,11 @@ class DeltaNetOptions(BaseModel):
     chunk_size: int = Field(
         64, ge=1, description="longest block of the chunked form (balanced; fla's chunks: 64)"
     )
+    allow_neg_eigval: bool = Field(
+        False,
+        description="β = 2 sigmoid(·) in (0, 2): transition eigenvalue 1 - β in (-1, 1) "
+        "(fla's allow_neg_eigval; Grazzi et al., 2025)",
+    )
 
 
 class DeltaNet(Mixer):
@@ -92,6 +104,8 @@ class DeltaNet(Mixer):
         q = l2_normalize(q) * self.head_dim**-0.5
         k = l2_normalize(k)
         beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)
+        if self.options.allow_neg_eigval:
+            beta = beta * 2.0
         return q, k, v, beta
 
     def finish(self, o: torch.Tensor) -> torch.Tensor:

@@ -4,11 +4,18 @@ builds it (``layers/gated_deltanet.py``, recurrence as ``ops/gated_delta_rule/na
     q, k, v = SiLU(q_conv(W_q x)), SiLU(k_conv(W_k x)), SiLU(v_conv(W_v x))   per head:
     q, k    = q / |q|, k / |k|              (fla: use_qk_l2norm_in_kernel=True)
     q       = q / sqrt(d_k)                 (the kernel's default scale)
-    β_t     = sigmoid(b_proj x_t)           one per head
+    β_t     = sigmoid(b_proj x_t)           one per head (2 sigmoid(b_proj x_t) with
+                                            allow_neg_eigval)
     g_t     = -exp(A_log) softplus(a_proj x_t + dt_bias)   log-decay per head, ≤ 0 (Mamba-2's)
     S_t     = exp(g_t) S_{t-1} + β_t (v_t - exp(g_t) S_{t-1} k_t) k_tᵀ,   o_t = S_t q_t
     out     = o_proj(RMSNorm_head(o) ⊙ SiLU(g_proj x))   (use_gate=True: FusedRMSNormGated,
                                                           the norm before the gate)
+
+The transition exp(g_t) (I - β_t k_t k_tᵀ) has eigenvalues exp(g_t) (1 - β_t) along k_t and
+exp(g_t) elsewhere. ``allow_neg_eigval: true`` is fla's option of that name (Grazzi et al.,
+2025): β = 2 sigmoid(b_proj x_t) ∈ (0, 2), so the eigenvalue along k_t lies in (-exp(g_t),
+exp(g_t)); the decay gate is unchanged and multiplies the whole transition, as in fla's kernels.
+Off by default, as in fla. It changes β alone, so every form of the rule takes it.
 
 As in fla: no bias in any projection or conv (conv_bias=False), kernel size 4, A ~ U[0, 16]
 (A_log = log A), dt_bias the inverse softplus of a log-uniform Δ in [1e-3, 1e-1] floored at
@@ -63,6 +70,11 @@ class GatedDeltaNetOptions(BaseModel):
     norm_eps: float = Field(1e-5, gt=0.0)
     chunk_size: int = Field(
         64, ge=1, description="longest block of the chunked form (blocks are balanced)"
+    )
+    allow_neg_eigval: bool = Field(
+        False,
+        description="β = 2 sigmoid(·) in (0, 2): eigenvalue exp(g) (1 - β) along k in "
+        "(-exp(g), exp(g)) (fla's allow_neg_eigval; Grazzi et al., 2025)",
     )
 
 
@@ -126,6 +138,8 @@ class GatedDeltaNet(Mixer):
         q = l2_normalize(q) * self.head_k_dim**-0.5
         k = l2_normalize(k)
         beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)
+        if self.options.allow_neg_eigval:
+            beta = beta * 2.0
         g = -torch.exp(self.A_log) * F.softplus(self.a_proj(x) + self.dt_bias)
         return q, k, v, beta, g.transpose(1, 2)
 

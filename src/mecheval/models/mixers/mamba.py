@@ -9,6 +9,11 @@ trains through zoology; Table 1(f) defaults.
     y_t    = C_t · h_t + D ⊙ x_t
     out    = out_proj(y ⊙ SiLU(z))              d_inner -> d
 
+``allow_neg_eigval: true`` (Grazzi et al., 2025, "Unlocking State-Tracking in Linear RNNs
+Through Negative Eigenvalues"; off by default, as mamba_ssm) replaces the transition exp(Δ_t A)
+∈ (0, 1) by 2 exp(Δ_t A) - 1 ∈ (-1, 1), the drive Δ_t B_t x_t unchanged, as that paper's code
+does; the scan then runs its PyTorch form (the C and fused kernels take exp(Δ_t A) only).
+
 ``d_conv=None`` removes the convolution entirely (the paper's "no conv" ablation, §4.3, §5.3):
 no ``conv`` submodule and no ``mixer.conv.output`` site, x goes straight into the SiLU.
 
@@ -47,6 +52,11 @@ class MambaOptions(BaseModel):
     dt_max: float = Field(1e-1, gt=0.0)
     dt_init_floor: float = Field(1e-4, gt=0.0)
     dt_scale: float = Field(1.0, gt=0.0, description="scales dt_proj's weight init bound")
+    allow_neg_eigval: bool = Field(
+        False,
+        description="transition 2 exp(ΔA) - 1 in (-1, 1) instead of exp(ΔA) in (0, 1) "
+        "(Grazzi et al., 2025)",
+    )
 
     @model_validator(mode="after")
     def _dt_range(self) -> MambaOptions:
@@ -131,7 +141,9 @@ class Mamba(SelectiveSSM):
 
     def mix(self, x: torch.Tensor) -> torch.Tensor:
         xs, delta, b, c, z = self.ssm_inputs(x)
-        y = selective_scan(xs, delta, self.A(), b, c, self.D)
+        y = selective_scan(
+            xs, delta, self.A(), b, c, self.D, neg_eigval=self.options.allow_neg_eigval
+        )
         return self.out_proj(y * F.silu(z))
 
     # Resuming from a prefix (Mixer.prefix_states): the state is the SSM's h after each
@@ -161,7 +173,15 @@ class Mamba(SelectiveSSM):
         xt, dt = xs.transpose(0, 1), delta.transpose(0, 1)
         bt, ct = b.transpose(0, 1), c.transpose(0, 1)
         out = scan_with_states(
-            dt * xt, dt, self.A(), bt, ct, keep=keep, initial=state, replace_first=replace
+            dt * xt,
+            dt,
+            self.A(),
+            bt,
+            ct,
+            keep=keep,
+            initial=state,
+            replace_first=replace,
+            neg_eigval=self.options.allow_neg_eigval,
         )
         y = (out[0] + xt * self.D).transpose(0, 1)
         return (y, out[1]) if keep else (y, z)

@@ -31,7 +31,10 @@ Defaults are mamba_ssm's (expand 2, d_conv 4, ngroups 1, A ~ U[1, 16], Δ's init
   ~2 ms so, ~8 ms in chunks of 16), and T = 70 two chunks of 35.
 
 ``d_conv: null`` removes the conv (no ``mixer.conv.output`` site), as Mamba's "no conv"
-ablation does. ``dt_limit`` (no clamp by default in the reference), ``D_has_hdim``,
+ablation does. ``allow_neg_eigval: true`` (Grazzi et al., 2025; off by default, as mamba_ssm)
+replaces each head's transition exp(Δ_t A) ∈ (0, 1) by 2 exp(Δ_t A) - 1 ∈ (-1, 1), the drive
+unchanged, in every form (the chunked one then multiplies the decays over each span).
+``dt_limit`` (no clamp by default in the reference), ``D_has_hdim``,
 ``rmsnorm=False``, ``d_ssm`` and learnable initial states are not offered. transformers'
 ``Mamba2Mixer`` inits A as 1..H rather than U[1, 16] and zeroes the conv bias; mecheval
 follows mamba_ssm.
@@ -80,6 +83,11 @@ class Mamba2Options(BaseModel):
     norm_eps: float = Field(1e-5, gt=0.0, description="eps of the gated RMSNorm")
     chunk_size: int = Field(
         64, ge=1, description="longest block of the chunked SSD form (blocks are balanced)"
+    )
+    allow_neg_eigval: bool = Field(
+        False,
+        description="transition 2 exp(ΔA) - 1 in (-1, 1) instead of exp(ΔA) in (0, 1) "
+        "(Grazzi et al., 2025)",
     )
 
     @field_validator("A_init_range")
@@ -172,13 +180,15 @@ class Mamba2(SelectiveSSM):
 
     def mix(self, u: torch.Tensor) -> torch.Tensor:
         x, delta, b, c, z = self.ssd_inputs(u)
-        y = ssd_chunked(x, delta, self.A(), b, c, self.D, self.options.chunk_size)
+        o = self.options
+        y = ssd_chunked(x, delta, self.A(), b, c, self.D, o.chunk_size, o.allow_neg_eigval)
         return self.finish(y, z)
 
     def mix_recurrent(self, u: torch.Tensor) -> torch.Tensor:
         """:meth:`mix` with the step-by-step recurrence (for tests and debugging)."""
         x, delta, b, c, z = self.ssd_inputs(u)
-        return self.finish(ssd_recurrent(x, delta, self.A(), b, c, self.D), z)
+        neg = self.options.allow_neg_eigval
+        return self.finish(ssd_recurrent(x, delta, self.A(), b, c, self.D, neg_eigval=neg), z)
 
     # Resuming from a prefix (Mixer.prefix_states): h after each position, by the recurrence.
     has_recurrent_state = True
@@ -186,11 +196,22 @@ class Mamba2(SelectiveSSM):
 
     def prefix_states(self, u: torch.Tensor) -> torch.Tensor:
         x, delta, b, c, _ = self.ssd_inputs(u)
-        return ssd_recurrent(x, delta, self.A(), b, c, self.D, keep=True)[1]
+        neg = self.options.allow_neg_eigval
+        return ssd_recurrent(x, delta, self.A(), b, c, self.D, keep=True, neg_eigval=neg)[1]
 
     def mix_from(
         self, u: torch.Tensor, offset: int, state: torch.Tensor | None, replace: bool = False
     ) -> torch.Tensor:
         x, delta, b, c, z = (t[:, offset:] for t in self.ssd_inputs(u))
-        y = ssd_recurrent(x, delta, self.A(), b, c, self.D, initial=state, replace_first=replace)
+        y = ssd_recurrent(
+            x,
+            delta,
+            self.A(),
+            b,
+            c,
+            self.D,
+            initial=state,
+            replace_first=replace,
+            neg_eigval=self.options.allow_neg_eigval,
+        )
         return self.finish(y, z)

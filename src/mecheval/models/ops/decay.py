@@ -27,6 +27,18 @@ def segment_sums(a: torch.Tensor) -> torch.Tensor:
     return sums.masked_fill(~ones.tril(), -math.inf)
 
 
+def segment_products(a: torch.Tensor) -> torch.Tensor:
+    """a [..., c] -> P [..., c, c] with P[l, s] = a_{s+1} · ... · a_l for s ≤ l (1 on the
+    diagonal) and 0 for s > l: the causal decay matrix of decays that may be negative (no
+    logarithm to sum), as :func:`segment_sums` builds it, each span multiplied on its own.
+    For |a| ≤ 1 every entry is at most 1 in size."""
+    c = a.shape[-1]
+    ones = torch.ones(c, c, dtype=torch.bool, device=a.device)
+    rows = a[..., :, None].expand(*a.shape, c)  # rows[..., i, s] = a_i
+    products = rows.masked_fill(~ones.tril(-1), 1.0).cumprod(-2)  # Π_{s < i ≤ l} a_i
+    return products.masked_fill(~ones.tril(), 0.0)
+
+
 def segment_sums_per_channel(x: torch.Tensor) -> torch.Tensor:
     """:func:`segment_sums` of each channel: x [..., c, K] (time on dim -2) -> [..., c, c, K]."""
     return segment_sums(x.transpose(-1, -2)).movedim(-3, -1)

@@ -4,6 +4,11 @@
 tests hold the others to; :func:`selective_scan` is what the module runs: in a CPU training
 step the scan in C (``csrc/selective_scan.c`` through models/native.py), otherwise a PyTorch
 form with a written-out adjoint.
+
+``neg_eigval`` (Grazzi et al., 2025, "Unlocking State-Tracking in Linear RNNs Through Negative
+Eigenvalues") widens the transition from exp(Δ_t A) ∈ (0, 1) to 2 exp(Δ_t A) - 1 ∈ (-1, 1);
+the drive Δ_t B_t x_t is unchanged. The C and fused CUDA kernels compute exp(Δ_t A) only, so
+with it the PyTorch form runs (its adjoint takes the widened transition).
 """
 
 from __future__ import annotations
@@ -29,17 +34,21 @@ def selective_scan_reference(
     B: torch.Tensor,
     C: torch.Tensor,
     D: torch.Tensor,
+    neg_eigval: bool = False,
 ) -> torch.Tensor:
     """The recurrence written out one step at a time (the specification, not for speed).
 
     x, delta: [batch, T, d_inner] (delta already softplus-ed); A: [d_inner, N];
-    B, C: [batch, T, N]; D: [d_inner] -> y: [batch, T, d_inner].
+    B, C: [batch, T, N]; D: [d_inner] -> y: [batch, T, d_inner]. ``neg_eigval``: the
+    transition is 2 exp(Δ_t A) - 1 instead of exp(Δ_t A).
     """
     batch, length, channels = x.shape
     h = x.new_zeros(batch, channels, A.shape[1])
     ys = []
     for t in range(length):
         decay = torch.exp(delta[:, t, :, None] * A[None, :, :])
+        if neg_eigval:
+            decay = 2 * decay - 1
         drive = delta[:, t, :, None] * B[:, t, None, :] * x[:, t, :, None]
         h = decay * h + drive
         y = (h * C[:, t, None, :]).sum(-1) + D * x[:, t]
@@ -54,6 +63,7 @@ def selective_scan(
     B: torch.Tensor,
     C: torch.Tensor,
     D: torch.Tensor,
+    neg_eigval: bool = False,
 ) -> torch.Tensor:
     """Same function as :func:`selective_scan_reference`, arranged for speed on a CPU.
 
@@ -66,20 +76,24 @@ def selective_scan(
     states at all. A chunked (SSD-style) form does not fit Mamba-1: its decay differs per
     channel *and* state, so a chunk's decay matrix is [batch, d_inner, N, c, c], c times the
     scan's traffic.
+
+    With ``neg_eigval`` the fused CUDA kernel and the C kernel, which compute exp(Δ_t A) only,
+    are skipped: the PyTorch form below runs, on every device.
     """
-    fused = kernels.selective_scan(x, delta, A, B, C, D)
-    if fused is not None:
-        return fused
-    if native.for_training("selective_scan", x, delta, A, B, C) is not None:
-        return _NativeScan.apply(*(t.contiguous() for t in (x, delta, A, B, C))) + x * D
+    if not neg_eigval:
+        fused = kernels.selective_scan(x, delta, A, B, C, D)
+        if fused is not None:
+            return fused
+        if native.for_training("selective_scan", x, delta, A, B, C) is not None:
+            return _NativeScan.apply(*(t.contiguous() for t in (x, delta, A, B, C))) + x * D
     xt = x.transpose(0, 1)
     dt = delta.transpose(0, 1).contiguous()
     u = (dt * xt).contiguous()
     bt, ct = B.transpose(0, 1).contiguous(), C.transpose(0, 1).contiguous()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (u, dt, A, bt, ct)):
-        y = _SelectiveScan.apply(u, dt, A, bt, ct)[0]
+        y = _SelectiveScan.apply(u, dt, A, bt, ct, neg_eigval)[0]
     else:
-        y = scan_with_states(u, dt, A, bt, ct, keep=False)[0]
+        y = scan_with_states(u, dt, A, bt, ct, keep=False, neg_eigval=neg_eigval)[0]
     return (y + xt * D).transpose(0, 1)
 
 
@@ -92,12 +106,16 @@ def scan_with_states(
     keep: bool,
     initial: torch.Tensor | None = None,
     replace_first: bool = False,
+    neg_eigval: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """Time-major scan: u = Δx, dt = Δ [T, batch, D]; B, C [T, batch, N] -> y [T, batch, D]
     and, with ``keep``, every state and decay [T, batch, D, N] for the backward pass (or for
     resuming from any position). ``initial`` [batch, D, N]: the state before the first step,
-    or with ``replace_first`` the state after it (the first step's update is skipped)."""
+    or with ``replace_first`` the state after it (the first step's update is skipped).
+    ``neg_eigval``: the decays are 2 exp(Δ A) - 1."""
     decay = torch.exp(dt.unsqueeze(-1) * A)
+    if neg_eigval:
+        decay = 2 * decay - 1
     if replace_first:
         h = initial
     else:
@@ -121,7 +139,9 @@ class _SelectiveScan(torch.autograd.Function):
     Forward: ``h_t = exp(Δ_t A) h_{t-1} + u_t B_t`` (u = Δx), ``y_t = h_t C_t``. Backward walks
     time in reverse with the adjoint ``g_t = dy_t C_t + exp(Δ_{t+1} A) g_{t+1}``, from which
     ``du_t = g_t B_t``, ``dB_t = u_t g_t`` (summed over channels), ``dC_t = dy_t h_t``, and the
-    decay's log-gradient ``g_t exp(Δ_t A) h_{t-1}`` gives dΔ (times A) and dA (times Δ).
+    decay's log-gradient ``g_t exp(Δ_t A) h_{t-1}`` gives dΔ (times A) and dA (times Δ). With
+    ``neg_eigval`` (a non-tensor input) the decay a_t = 2 exp(Δ_t A) - 1 carries the adjoint and
+    its derivative in Δ_t A, 2 exp(Δ_t A) = a_t + 1, takes exp(Δ_t A)'s place in that term.
     Returns (y, states, decays); the last two are saved for the backward and carry no
     gradient. ``generate_vmap_rule`` keeps it usable under torch.func (stacked training).
     """
@@ -129,14 +149,15 @@ class _SelectiveScan(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(u, dt, A, B, C):  # type: ignore[override]
-        return scan_with_states(u, dt, A, B, C, keep=True)
+    def forward(u, dt, A, B, C, neg_eigval=False):  # type: ignore[override]
+        return scan_with_states(u, dt, A, B, C, keep=True, neg_eigval=neg_eigval)
 
     @staticmethod
     def setup_context(
         ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple
     ) -> None:
-        ctx.save_for_backward(*inputs, output[1], output[2])
+        ctx.save_for_backward(*inputs[:5], output[1], output[2])
+        ctx.neg_eigval = len(inputs) > 5 and inputs[5]
         ctx.mark_non_differentiable(output[1], output[2])
         ctx.set_materialize_grads(False)
 
@@ -156,10 +177,12 @@ class _SelectiveScan(torch.autograd.Function):
                 dd[t] = torch.zeros_like(dt[0])
                 break
             g_decayed = g * decay[t]
-            dlog = g_decayed * H[t - 1]
+            # d decay / d(Δ A): exp(Δ A) = decay, or 2 exp(Δ A) = decay + 1 with neg_eigval
+            dlog = g * (decay[t] + 1) * H[t - 1] if ctx.neg_eigval else g_decayed * H[t - 1]
             dd[t] = (dlog * A).sum(-1)
             dt_t = dt[t].unsqueeze(-1)
             dA = dlog * dt_t if dA is None else torch.addcmul(dA, dlog, dt_t)
             g = g_decayed
         dA = torch.zeros_like(A) if dA is None else dA.sum(0)
-        return torch.stack(du), torch.stack(dd), dA, torch.stack(dB), torch.stack(dC)
+        grads = torch.stack(du), torch.stack(dd), dA, torch.stack(dB), torch.stack(dC)
+        return (*grads, None) if len(ctx.needs_input_grad) > 5 else grads

@@ -34,7 +34,16 @@ from mecheval.tasks import ARConfig, build_datasets, corrupt
 TASK = ARConfig(kind="ar", n_keys=8, n_values=8, n_pairs=3, n_train=0, n_dev=6, n_test=0)
 ROLES = ["key", "value", "query"]
 #: The built-in architectures with a recurrent-state site.
-WITH_STATES = ["based", "deltanet", "gated_deltanet", "gla", "hawk", "mamba", "mamba2"]
+WITH_STATES = [
+    "based",
+    "deltanet",
+    "gated_deltanet",
+    "gla",
+    "hawk",
+    "mamba",
+    "mamba2",
+    "mamba3",
+]
 
 
 def model_for(arch: str, n_layers: int = 2):

@@ -36,6 +36,7 @@ def tokens(t: int = 13, seed: int = 0) -> torch.Tensor:
         ("gated_deltanet", "conv_size", 2),
         ("gla", "conv_size", 4),
         ("hawk", "conv_size", 2),
+        ("mamba3", "d_conv", 2),
     ],
 )
 def test_the_switch_is_the_architectures_own_option(arch: str, option: str, k: int) -> None:

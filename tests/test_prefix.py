@@ -24,6 +24,7 @@ CASES = [(arch, {}, None) for arch in sorted(ARCHITECTURES)] + [
     ("gated_deltanet", {"conv_size": None}, None),
     ("mamba2", {"d_conv": None}, None),
     ("hawk", {"conv_size": None}, None),  # halo 0: a resumed window starts at the cut
+    ("mamba3", {"d_conv": 3}, None),  # no conv by default: with one, a halo of 2
     ("based", {"num_heads": 2, "num_key_value_heads": 2, "conv_kernel_size": 4}, None),
     ("attention", {"num_heads": 2}, 3),
     ("attention", {}, 2),

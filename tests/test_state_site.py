@@ -40,6 +40,36 @@ def mixer_with_swap(mixer, u: torch.Tensor, at: int, swap: torch.Tensor | None):
                 h = h if swap is None else swap
             ys.append((h * c[:, t, None, :]).sum(-1) + mixer.D * xs[:, t])
         return mixer.out_proj(torch.stack(ys, 1) * F.silu(z)), kept
+    if hasattr(mixer, "recurrence_inputs"):  # Mamba-3: the state is (h, k_{t-1}, x_{t-1}, Φ)
+        (xs, log_a, dt, lam, steps, b, c), z = mixer.recurrence_inputs(u)
+        heads, p, n, r = *xs.shape[2:], b.shape[-1], steps.shape[-1]
+
+        def turn(v, phi):  # pairs (2j, 2j+1), j < r, as complex numbers times exp(i phi_j)
+            w = torch.complex(v[..., 0 : 2 * r : 2], v[..., 1 : 2 * r : 2]) * torch.exp(1j * phi)
+            return torch.cat([torch.stack([w.real, w.imag], -1).flatten(-2), v[..., 2 * r :]], -1)
+
+        state = (
+            torch.zeros(1, heads, p, n, dtype=u.dtype),
+            torch.zeros(1, heads, n, dtype=u.dtype),
+            torch.zeros(1, heads, p, dtype=u.dtype),
+            torch.zeros(1, heads, r, dtype=u.dtype),
+        )
+        ys = []
+        for t in range(length):
+            h, k_prev, x_prev, phi = state
+            phi = phi + steps[:, t]
+            k, alpha = turn(b[:, t], phi), torch.exp(log_a[:, t])[..., None, None]
+            beta = ((1 - lam[:, t]) * dt[:, t])[..., None, None] * alpha
+            gamma = (lam[:, t] * dt[:, t])[..., None, None]
+            h = alpha * h + beta * x_prev[..., None] * k_prev[..., None, :]
+            h = h + gamma * xs[:, t, ..., None] * k[..., None, :]
+            state = (h, k, xs[:, t], phi)
+            if t == at:
+                kept = state
+                state = state if swap is None else swap
+            h, phi = state[0], state[3]
+            ys.append((h * turn(c[:, t], phi)[..., None, :]).sum(-1) + mixer.D[:, None] * xs[:, t])
+        return mixer.finish(torch.stack(ys, 1), z), kept
     if hasattr(mixer, "rg_lru"):  # Hawk: h_t = a_t h_{t-1} + drive_t, from h_{-1} = 0
         y, log_a, drive = mixer.branches(u)
         h = torch.zeros(1, drive.shape[-1], dtype=u.dtype)
@@ -105,6 +135,8 @@ def logits_with_swap(model, tokens, query: int, layer: int, at: int, swap):
         ("based", 1),
         ("hawk", 0),
         ("hawk", 1),
+        ("mamba3", 0),
+        ("mamba3", 1),
     ],
 )
 def test_restoring_the_state_equals_a_hand_written_swap(arch: str, layer: int) -> None:

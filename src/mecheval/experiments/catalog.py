@@ -348,6 +348,23 @@ def _catalog() -> dict[str, Experiment]:
             accepts=switchable,
         ),
         Experiment(
+            "mamba3-conv",
+            "Mamba-3 (its trapezoid a built-in size-2 conv) beside Mamba, without and with a "
+            "4-tap short conv, on AR",
+            "ar",
+            {"model.architecture": ["mamba", "mamba3"], "model.short_conv": ["none", 4]},
+            (),
+            matrix="short conv",
+        ),
+        Experiment(
+            "atr-mamba3-conv",
+            "Mamba-3 beside Mamba, without and with a 4-tap short conv, on ATR",
+            "atr",
+            {"model.architecture": ["mamba", "mamba3"], "model.short_conv": ["none", 4]},
+            (),
+            matrix="short conv",
+        ),
+        Experiment(
             "task-matrix",
             "Mechanism matrix: every architecture on every task of the AR family",
             "ar",

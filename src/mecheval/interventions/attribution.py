@@ -230,10 +230,16 @@ def _kept(model: LanguageModel, sites: Sequence[str]) -> Iterator[dict[str, torc
 
 
 def _gradients(
-    total: torch.Tensor, tensors: Sequence[torch.Tensor], names: Sequence[str]
+    total: torch.Tensor,
+    tensors: Sequence[torch.Tensor],
+    names: Sequence[str],
+    state_parts: bool = False,
 ) -> list[torch.Tensor]:
     """d total / d each tensor. Every site lies on the way to the readout, so a gradient
-    that does not reach one means something after it runs without autograd."""
+    that does not reach one means something after it runs without autograd. With
+    ``state_parts`` the tensors are the parts of one recurrent state: a part that the
+    readout does not read from that position has gradient 0 when another part has one
+    (Mamba-3's previous input, which only the next step reads, at the query itself)."""
     if not tensors:
         return []
     try:
@@ -241,6 +247,9 @@ def _gradients(
     except RuntimeError as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise NoGradientError(f"attribution: no gradient through the model ({first})") from None
+    if state_parts and any(g is not None for g in found):
+        pairs = zip(tensors, found, strict=True)
+        found = [torch.zeros_like(t) if g is None else g for t, g in pairs]
     for name, g in zip(names, found, strict=True):
         if g is None:
             raise NoGradientError(
@@ -290,7 +299,8 @@ def _state_gradient(
             x = block.forward_from(window, start - lo, state, replace=True)
             logits = run_from(model, prefix, layer + 1, rows, start, x, at[rows])
             total = readout(logits, corrupted.answer[rows]).sum()
-            found = _gradients(total, parts, [layer_site(layer, "mixer.state")] * len(parts))
+            names = [layer_site(layer, "mixer.state")] * len(parts)
+            found = _gradients(total, parts, names, state_parts=True)
         for whole, g in zip(out, found, strict=True):
             whole[rows] = g
     return out

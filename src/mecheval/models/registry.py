@@ -39,6 +39,7 @@ from mecheval.models.mixers.hawk import Hawk, HawkOptions
 from mecheval.models.mixers.hyena import Hyena, HyenaOptions
 from mecheval.models.mixers.mamba import Mamba, MambaOptions
 from mecheval.models.mixers.mamba2 import Mamba2, Mamba2Options
+from mecheval.models.mixers.mamba3 import Mamba3, Mamba3Options
 from mecheval.models.mixers.retnet import RetNet, RetNetOptions
 
 #: (layer index, d_model, validated options) -> mixer for that layer
@@ -373,6 +374,21 @@ def _register_more_architectures() -> None:
         "recurrentgemma (De et al., 2024)",
         short_conv="conv_size",
     )(Hawk)
+
+    architecture(
+        "mamba3",
+        label="Mamba-3",
+        options=Mamba3Options,
+        description="Mamba-3 (SISO): exponential-trapezoidal SSM with a data-dependent decay, "
+        "rotated (complex) state, B/C norms and biases, no short conv (Lahoti et al., 2026); "
+        "no MLP, RMSNorm",
+        # Built as our Mamba-2 LM (no MLP, RMSNorm, mamba_ssm's init): the two differ in the
+        # mixer alone.
+        mlp=False,
+        norm="rms",
+        init="mamba",
+        short_conv="d_conv",
+    )(Mamba3)
 
 
 _register_more_architectures()

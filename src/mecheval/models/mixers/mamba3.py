@@ -1,0 +1,191 @@
+"""Mamba-3 block (Lahoti et al., 2026: "Mamba-3: Improved Sequence Modeling using State Space
+Principles"), SISO, as ``mamba_ssm``'s ``modules/mamba3.py`` ``Mamba3`` builds it:
+
+    z, x, B, C, dt, a, trap, θ = in_proj(u)     d -> 2 d_inner + 2 G N + 3 H + R
+    B, C  = RMSNorm(B), RMSNorm(C)              over N per group, learned weights
+    B, C  = B + B_bias, C + C_bias              per head ([H, N], init 1)
+    Δ     = softplus(dt + dt_bias)              one step size per head
+    A     = min(-softplus(a), -A_floor)         a data-dependent decay per head and step
+    λ     = sigmoid(trap)                       the trapezoid's weight per head and step
+    Δθ    = Δ · π tanh(θ)                       R angle steps, shared by the heads but for Δ
+    y     = mamba3 recurrence (models/ops/mamba3.py): exponential-trapezoidal, B and C
+            rotated by the running angle (the complex state), + D x
+    out   = out_proj(y ⊙ SiLU(z))               or a per-head gated RMSNorm (outproj_norm)
+
+No short convolution and no activation on x, as the reference: the trapezoid's β term already
+mixes each input with the previous one. ``d_conv: k`` (or ``model.short_conv``) adds a causal
+depthwise conv over x, B and C before the norms (Mamba-2's place for it, with no SiLU added, so
+that the switch changes the conv alone); its site is ``mixer.conv.output``.
+
+RoPE covers ``rope_fraction`` of the state: R = floor(N · rope_fraction / 2) pairs (the
+reference's 0.5 or 1.0), pairs (2j, 2j+1) as its SISO kernel. Defaults mirror our Mamba-2:
+``d_state`` 64 (the reference's is 128) and ``headdim`` null = gcd(64, d_inner), so that
+d_model = 64 gives 2 heads of 64 with a 64 x 64 state each, as our Mamba-2; ``chunk_size`` 64.
+Init as the reference: dt_bias as Mamba-2's, B_bias = C_bias = D = 1, norms 1, no A_log (A
+comes from the input). MIMO (``is_mimo``) is not offered.
+
+:func:`~mecheval.models.ops.mamba3.mamba3_chunked` is the forward;
+:func:`~mecheval.models.ops.mamba3.mamba3_recurrent` the step-by-step reference that tests
+hold it to and that resumes from a prefix."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from torch import nn
+
+from mecheval.models.mixers.mamba import SelectiveSSM
+from mecheval.models.mixers.mamba2 import default_headdim
+from mecheval.models.mixers.modules import GatedRMSNorm, ShortConv
+from mecheval.models.ops.mamba3 import Mamba3State, mamba3_chunked, mamba3_recurrent
+
+
+class Mamba3Options(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    d_state: int = Field(64, ge=2, description="SSM state size N per head")
+    expand: int = Field(2, ge=1, description="d_inner = expand * d_model")
+    headdim: int | None = Field(
+        None, ge=1, description="channels per head; null = gcd(64, d_inner) (64 where it fits)"
+    )
+    ngroups: int = Field(1, ge=1, description="groups of heads sharing B and C")
+    rope_fraction: Literal[0.5, 1.0] = Field(
+        0.5, validate_default=True, description="share of the state RoPE turns"
+    )
+    d_conv: int | None = Field(
+        None, ge=1, description="short conv over x, B, C; null (default): none, as the reference"
+    )
+    conv_bias: bool = True
+    bias: bool = Field(False, description="bias of in_proj and out_proj")
+    dt_min: float = Field(1e-3, gt=0.0, description="Δ init is log-uniform in [dt_min, dt_max]")
+    dt_max: float = Field(1e-1, gt=0.0)
+    dt_init_floor: float = Field(1e-4, gt=0.0)
+    A_floor: float = Field(1e-4, gt=0.0, description="A <= -A_floor: every step decays")
+    outproj_norm: bool = Field(False, description="gated RMSNorm per head before out_proj")
+    norm_eps: float = Field(1e-5, gt=0.0, description="eps of the B, C and output norms")
+    chunk_size: int = Field(64, ge=1, description="longest block of the chunked form")
+
+    @field_validator("rope_fraction")
+    @classmethod
+    def _some_pair_turns(cls, value: float, info: ValidationInfo) -> float:
+        d_state = info.data.get("d_state")
+        if d_state is not None and int(d_state * value) < 2:
+            raise ValueError(f"{value} of d_state={d_state} turns no pair of the state")
+        return value
+
+    @field_validator("dt_max")
+    @classmethod
+    def _dt_range(cls, value: float, info: ValidationInfo) -> float:
+        low = info.data.get("dt_min")
+        if low is not None and value < low:
+            raise ValueError(f"must not be below dt_min={low}")
+        return value
+
+
+class Mamba3(SelectiveSSM):
+    def __init__(self, d_model: int, options: Mamba3Options) -> None:
+        super().__init__()
+        o = options
+        self.options = o
+        self.d_inner = o.expand * d_model
+        self.headdim = o.headdim or default_headdim(self.d_inner)
+        if self.d_inner % self.headdim:
+            raise ValueError(
+                f"model.mixer.headdim: {self.headdim} does not divide d_inner = expand * d_model "
+                f"= {self.d_inner}"
+            )
+        self.nheads = self.d_inner // self.headdim
+        if self.nheads % o.ngroups:
+            raise ValueError(
+                f"model.mixer.ngroups: {o.ngroups} does not divide the {self.nheads} heads"
+            )
+        self.ngroups, self.d_state = o.ngroups, o.d_state
+        self.n_angles = int(o.d_state * o.rope_fraction) // 2
+        self.conv_dim = self.d_inner + 2 * o.ngroups * o.d_state
+
+        # Order as the reference: [z, x, B, C, dt, A, trap, angles].
+        self.splits = [self.d_inner, self.conv_dim, *[self.nheads] * 3, self.n_angles]
+        self.in_proj = nn.Linear(d_model, sum(self.splits), bias=o.bias)
+        if o.d_conv is not None:
+            self.conv = ShortConv(self.conv_dim, o.d_conv, bias=o.conv_bias)
+        self.B_norm = GatedRMSNorm(o.d_state, o.norm_eps)
+        self.C_norm = GatedRMSNorm(o.d_state, o.norm_eps)
+        self.B_bias = nn.Parameter(torch.empty(self.nheads, o.d_state))
+        self.C_bias = nn.Parameter(torch.empty(self.nheads, o.d_state))
+        self.dt_bias = nn.Parameter(torch.empty(self.nheads))
+        self.D = nn.Parameter(torch.empty(self.nheads))
+        if o.outproj_norm:
+            self.norm = GatedRMSNorm(
+                self.d_inner, o.norm_eps, group_size=self.headdim, norm_before_gate=True
+            )
+        self.out_proj = nn.Linear(self.d_inner, d_model, bias=o.bias)
+        self.init_special()
+
+    @torch.no_grad()
+    def init_special(self) -> None:
+        self.init_dt_bias(self.dt_bias)
+        for ones in (self.B_bias, self.C_bias, self.D, self.B_norm.weight, self.C_norm.weight):
+            ones.fill_(1.0)
+        if self.options.outproj_norm:
+            self.norm.weight.fill_(1.0)
+
+    def recurrence_inputs(self, u: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """u [batch, T, d] -> ((x, Δ A, Δ, λ, Δ θ, B, C), z): the recurrence's operands
+        (models/ops/mamba3.py) and the gate."""
+        batch, length, _ = u.shape
+        z, xbc, dt, a, trap, theta = self.in_proj(u).split(self.splits, dim=-1)
+        if self.has_conv:
+            xbc = self.conv(xbc)
+        groups_state = self.ngroups * self.d_state
+        x, b, c = xbc.split([self.d_inner, groups_state, groups_state], dim=-1)
+        per_group = self.nheads // self.ngroups
+        b = self.B_norm(b.unflatten(-1, (self.ngroups, self.d_state)))
+        c = self.C_norm(c.unflatten(-1, (self.ngroups, self.d_state)))
+        b = b.repeat_interleave(per_group, dim=2) + self.B_bias
+        c = c.repeat_interleave(per_group, dim=2) + self.C_bias
+        delta = F.softplus(dt + self.dt_bias)
+        A = (-F.softplus(a)).clamp(max=-self.options.A_floor)
+        angle_steps = (torch.tanh(theta) * math.pi)[..., None, :] * delta[..., None]
+        x = x.unflatten(-1, (self.nheads, self.headdim))
+        return (x, A * delta, delta, torch.sigmoid(trap), angle_steps, b, c), z
+
+    def finish(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """Recurrence output [batch, T, H, P] and gate z -> mixer output [batch, T, d]."""
+        y = y.flatten(2)
+        y = self.norm(y, z) if self.options.outproj_norm else y * F.silu(z)
+        return self.out_proj(y)
+
+    def recurrent_state_size(self, seq_len: int) -> int:
+        # h [P, N], the previous step's rotated B [N] and input [P], the running angles [R].
+        per_head = self.headdim * self.d_state + self.d_state + self.headdim + self.n_angles
+        return self.nheads * per_head
+
+    def mix(self, u: torch.Tensor) -> torch.Tensor:
+        operands, z = self.recurrence_inputs(u)
+        return self.finish(mamba3_chunked(*operands, self.D, self.options.chunk_size), z)
+
+    def mix_recurrent(self, u: torch.Tensor) -> torch.Tensor:
+        """:meth:`mix` with the step-by-step recurrence (for tests and debugging)."""
+        operands, z = self.recurrence_inputs(u)
+        return self.finish(mamba3_recurrent(*operands, self.D), z)
+
+    # Resuming from a prefix (Mixer.prefix_states): (h, k, x, Φ) after each position, by the
+    # recurrence; the state site patches all four, everything the next step reads.
+    has_recurrent_state = True
+    resume_from_prefix = False  # as Mamba-2: recomputing the window is the faster path
+
+    def prefix_states(self, u: torch.Tensor) -> Mamba3State:
+        operands, _ = self.recurrence_inputs(u)
+        return mamba3_recurrent(*operands, self.D, keep=True)[1]
+
+    def mix_from(
+        self, u: torch.Tensor, offset: int, state: Mamba3State | None, replace: bool = False
+    ) -> torch.Tensor:
+        operands, z = self.recurrence_inputs(u)
+        operands = tuple(t[:, offset:] for t in operands)
+        y = mamba3_recurrent(*operands, self.D, initial=state, replace_first=replace)
+        return self.finish(y, z[:, offset:])

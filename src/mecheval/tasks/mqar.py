@@ -123,12 +123,7 @@ class MultiQueryConfig(ARFamilyConfig):
         return rows_of(split, self.split_size(split), self.queries)
 
     def describe(self, documents: Documents, i: int) -> str:
-        if "document" not in documents.extras:
-            return f"  ({documents.extras['answers'].shape[1]} queries, this one the last)"
-        return (
-            f"  (document {int(documents.extras['document'][i])}, query "
-            f"{int(documents.extras['query_index'][i]) + 1} of {self.queries})"
-        )
+        return describe_row(documents, i, self.queries)
 
     def stats(self, documents: Documents) -> dict[str, torch.Tensor]:
         roles = documents.roles
@@ -251,6 +246,17 @@ def split_rows(
             "document": docs,
             "query_index": torch.arange(q).repeat(n),
         },
+    )
+
+
+def describe_row(documents: Documents, i: int, queries: int) -> str:
+    """``task show``'s note on a row of :func:`split_rows`: a training document's queries, or
+    which document and query a probe is."""
+    if "document" not in documents.extras:
+        return f"  ({documents.extras[ANSWERS].shape[1]} queries, this one the last)"
+    return (
+        f"  (document {int(documents.extras['document'][i])}, query "
+        f"{int(documents.extras['query_index'][i]) + 1} of {queries})"
     )
 
 

@@ -41,7 +41,7 @@ from mecheval.tasks.base import SPLIT_IDS, fits_distinct_pairs, torch_generator
 from mecheval.tasks.batch import Batch
 from mecheval.tasks.documents import Documents
 from mecheval.tasks.family import ARFamilyConfig, at_most_pairs, distinct_rows
-from mecheval.tasks.mqar import rows_of, split_rows
+from mecheval.tasks.mqar import describe_row, rows_of, split_rows
 from mecheval.tasks.vocab import BOS, N_SPECIAL
 
 
@@ -138,12 +138,7 @@ class StackedMQARConfig(ARFamilyConfig):
         return generate_stacked_mqar(self, split, n)
 
     def describe(self, documents: Documents, i: int) -> str:
-        if "document" not in documents.extras:
-            return f"  ({self.queries} queries, this one the last)"
-        return (
-            f"  (document {int(documents.extras['document'][i])}, query "
-            f"{int(documents.extras['query_index'][i]) + 1} of {self.queries})"
-        )
+        return describe_row(documents, i, self.queries)
 
 
 def generate_stacked_mqar(cfg: StackedMQARConfig, split: str, n: int) -> Documents:

@@ -111,24 +111,30 @@ def default_headdim(d_inner: int) -> int:
     return math.gcd(REFERENCE_HEADDIM, d_inner)
 
 
+def head_layout(d_inner: int, headdim: int | None, ngroups: int) -> tuple[int, int]:
+    """(head dimension, heads) of ``d_inner`` channels: ``headdim`` or the default, which must
+    divide it into heads that ``ngroups`` groups of B and C divide (Mamba-2 and Mamba-3)."""
+    headdim = headdim or default_headdim(d_inner)
+    if d_inner % headdim:
+        raise ValueError(
+            f"model.mixer.headdim: {headdim} does not divide d_inner = expand * d_model = {d_inner}"
+        )
+    nheads = d_inner // headdim
+    if nheads % ngroups:
+        raise ValueError(
+            f"model.mixer.ngroups: {ngroups} does not divide the {nheads} heads "
+            f"(d_inner {d_inner} / headdim {headdim})"
+        )
+    return headdim, nheads
+
+
 class Mamba2(SelectiveSSM):
     def __init__(self, d_model: int, options: Mamba2Options) -> None:
         super().__init__()
         o = options
         self.options = o
         self.d_inner = o.expand * d_model
-        self.headdim = o.headdim or default_headdim(self.d_inner)
-        if self.d_inner % self.headdim:
-            raise ValueError(
-                f"model.mixer.headdim: {self.headdim} does not divide d_inner = expand * d_model "
-                f"= {self.d_inner}"
-            )
-        self.nheads = self.d_inner // self.headdim
-        if self.nheads % o.ngroups:
-            raise ValueError(
-                f"model.mixer.ngroups: {o.ngroups} does not divide the {self.nheads} heads "
-                f"(d_inner {self.d_inner} / headdim {self.headdim})"
-            )
+        self.headdim, self.nheads = head_layout(self.d_inner, o.headdim, o.ngroups)
         self.ngroups = o.ngroups
         self.d_state = o.d_state
         self.conv_dim = self.d_inner + 2 * o.ngroups * o.d_state

@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from torch import nn
 
 from mecheval.models.mixers.mamba import SelectiveSSM
-from mecheval.models.mixers.mamba2 import default_headdim
+from mecheval.models.mixers.mamba2 import head_layout
 from mecheval.models.mixers.modules import GatedRMSNorm, ShortConv
 from mecheval.models.ops.mamba3 import Mamba3State, mamba3_chunked, mamba3_recurrent
 
@@ -92,17 +92,7 @@ class Mamba3(SelectiveSSM):
         o = options
         self.options = o
         self.d_inner = o.expand * d_model
-        self.headdim = o.headdim or default_headdim(self.d_inner)
-        if self.d_inner % self.headdim:
-            raise ValueError(
-                f"model.mixer.headdim: {self.headdim} does not divide d_inner = expand * d_model "
-                f"= {self.d_inner}"
-            )
-        self.nheads = self.d_inner // self.headdim
-        if self.nheads % o.ngroups:
-            raise ValueError(
-                f"model.mixer.ngroups: {o.ngroups} does not divide the {self.nheads} heads"
-            )
+        self.headdim, self.nheads = head_layout(self.d_inner, o.headdim, o.ngroups)
         self.ngroups, self.d_state = o.ngroups, o.d_state
         self.n_angles = int(o.d_state * o.rope_fraction) // 2
         self.conv_dim = self.d_inner + 2 * o.ngroups * o.d_state

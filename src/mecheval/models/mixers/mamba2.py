@@ -60,6 +60,14 @@ from mecheval.models.ops.ssd import ssd_chunked, ssd_recurrent
 REFERENCE_HEADDIM = 64
 
 
+def dt_max_above_min(cls: type, value: float, info: ValidationInfo) -> float:
+    """``dt_max``'s validator (Mamba-2 and Mamba-3): not below ``dt_min``."""
+    low = info.data.get("dt_min")
+    if low is not None and value < low:
+        raise ValueError(f"must not be below dt_min={low}")
+    return value
+
+
 class Mamba2Options(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -98,13 +106,7 @@ class Mamba2Options(BaseModel):
             raise ValueError(f"expected 0 < low <= high, got {list(value)}")
         return value
 
-    @field_validator("dt_max")
-    @classmethod
-    def _dt_range(cls, value: float, info: ValidationInfo) -> float:
-        low = info.data.get("dt_min")
-        if low is not None and value < low:
-            raise ValueError(f"must not be below dt_min={low}")
-        return value
+    _dt_range = field_validator("dt_max")(dt_max_above_min)
 
 
 def default_headdim(d_inner: int) -> int:

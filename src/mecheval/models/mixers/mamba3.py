@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from torch import nn
 
 from mecheval.models.mixers.mamba import SelectiveSSM
-from mecheval.models.mixers.mamba2 import head_layout
+from mecheval.models.mixers.mamba2 import dt_max_above_min, head_layout
 from mecheval.models.mixers.modules import GatedRMSNorm, ShortConv
 from mecheval.models.ops.mamba3 import Mamba3State, mamba3_chunked, mamba3_recurrent
 
@@ -77,13 +77,7 @@ class Mamba3Options(BaseModel):
             raise ValueError(f"{value} of d_state={d_state} turns no pair of the state")
         return value
 
-    @field_validator("dt_max")
-    @classmethod
-    def _dt_range(cls, value: float, info: ValidationInfo) -> float:
-        low = info.data.get("dt_min")
-        if low is not None and value < low:
-            raise ValueError(f"must not be below dt_min={low}")
-        return value
+    _dt_range = field_validator("dt_max")(dt_max_above_min)
 
 
 class Mamba3(SelectiveSSM):

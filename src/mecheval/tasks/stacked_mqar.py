@@ -118,18 +118,18 @@ class StackedMQARConfig(ARFamilyConfig):
         return torch.where(pair, replaced, keys)
 
     def answer_candidates(self, batch: Batch) -> torch.Tensor:
-        """The values of each document's pairs: its context's answers."""
-        tokens = batch.tokens
-        pair, _, value = self.unpair(tokens)
-        steps = torch.arange(tokens.shape[1], device=tokens.device)
-        hit = pair & (steps[None, :] <= self.n_pairs)
-        mask = torch.zeros(len(batch), self.vocab_size(), dtype=torch.bool, device=tokens.device)
-        rows, cols = hit.nonzero(as_tuple=True)
-        mask[rows, self.value_id(value[rows, cols])] = True
-        return mask
+        """The values of each document's pairs: its context's answers (each pair token read as
+        its value id, then AR's reading of the context)."""
+        pair, _, value = self.unpair(batch.tokens)
+        return super().answer_candidates(
+            batch.with_tokens(torch.where(pair, self.value_id(value), 0))
+        )
+
+    def context_end(self) -> int:
+        return 1 + self.n_pairs
 
     def max_length(self) -> int:
-        return 1 + self.n_pairs + self.queries
+        return self.context_end() + self.queries
 
     def split_rows(self, split: str) -> int:
         return rows_of(split, self.split_size(split), self.queries)

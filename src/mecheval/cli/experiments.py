@@ -327,8 +327,9 @@ def _report(
 ) -> None:
     """Print the experiment's figures and mechanism table, and save exactly what was printed
     (figure files, and report.html with the same figures, reasons and table); ``matrix``
-    ("task" or "short conv") adds that mechanism matrix (report/matrix.py) first, ``graded``
-    the grading of the runs' attribution estimates (report/grading.py)."""
+    (a key of report/matrix.py's MATRICES: "task", "short conv", "eigenvalues") adds that
+    mechanism matrix first, ``graded`` the grading of the runs' attribution estimates
+    (report/grading.py)."""
     from mecheval.experiments.store import grading_records, label_records, load_results
     from mecheval.report import available_figures, normalise, write_figure
     from mecheval.report.html import save_html
@@ -336,9 +337,9 @@ def _report(
     table = normalise(load_results(experiment_dir))
     results, skipped = available_figures(table, list(figures))
     if matrix:
-        from mecheval.report.matrix import CONV_COLUMNS, TASK_COLUMNS, render_matrix
+        from mecheval.report.matrix import MATRICES, render_matrix
 
-        columns = TASK_COLUMNS if matrix == "task" else CONV_COLUMNS
+        columns = MATRICES[matrix]
         if name:  # the matrix is named after its experiment
             columns = replace(columns, name=name)
         results.insert(0, render_matrix(label_records(experiment_dir), columns))

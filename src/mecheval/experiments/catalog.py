@@ -46,9 +46,11 @@ class Experiment:
     figures: tuple[str, ...]
     plan: InterventionPlan = InterventionPlan()
     fixed: dict[str, Any] | None = None  # dotted overrides for every run
+    #: preset -> dotted overrides for every run at that preset (after ``fixed``)
+    fixed_at: dict[str, dict[str, Any]] | None = None
     quick_grid: dict[str, list[Any]] | None = None
-    #: the report adds a mechanism matrix (report/matrix.py): architectures by "task" or
-    #: by "short conv" setting; "" none
+    #: the report adds a mechanism matrix (report/matrix.py's MATRICES): architectures by
+    #: "task", by "short conv" setting or by task and "eigenvalues" range; "" none
     matrix: str = ""
     #: which architectures the experiment can train (None: any); its default and
     #: ``--archs all`` keep these only
@@ -99,7 +101,7 @@ class Experiment:
         spec = SweepSpec(
             name=f"{self.name}-{preset}",
             base={"preset": preset, "task": self.task},
-            set=dict(self.fixed or {}),
+            set={**(self.fixed or {}), **(self.fixed_at or {}).get(preset, {})},
             grid=grid,
         )
         subset = {"--widths": widths, "--lrs": lrs, "--seeds": seeds}
@@ -204,6 +206,18 @@ def switchable(arch: str) -> bool:
 
 def any_architecture(arch: str) -> bool:
     return True
+
+
+def takes_neg_eigval(arch: str) -> bool:
+    """Whether the architecture has ``model.mixer.allow_neg_eigval`` (Mamba, Mamba-2, DeltaNet,
+    Gated DeltaNet)."""
+    return "allow_neg_eigval" in get_architecture(arch).options.model_fields
+
+
+#: The state-tracking experiment's test documents: longer than any trained (the presets'
+#: max_elements 16, 6 and 40), for length generalisation as Grazzi et al. test it (trained up
+#: to 40 elements, tested on 40 to 256); the labels are read on dev, at the trained lengths.
+STATE_TEST_LENGTHS = {"quick": (17, 64), "tiny": (7, 12), "paper": (40, 256)}
 
 
 def _catalog() -> dict[str, Experiment]:
@@ -363,6 +377,28 @@ def _catalog() -> dict[str, Experiment]:
             {"model.architecture": ["mamba", "mamba3"], "model.short_conv": ["none", 4]},
             (),
             matrix="short conv",
+        ),
+        Experiment(
+            "state-tracking",
+            "State tracking: parity and S3 with transition eigenvalues in [0, 1] and in "
+            "[-1, 1] (Grazzi et al.'s Fig. 1); labels on trained lengths, accuracy also on "
+            "longer documents",
+            "parity",
+            {
+                TASK_AXIS: ["parity", "s3"],
+                "model.architecture": [a for a in BUILTIN_ARCHITECTURES if takes_neg_eigval(a)],
+                "model.mixer.allow_neg_eigval": [False, True],
+            },
+            (),
+            plan=InterventionPlan(split="dev"),
+            # the matrix's early stopping: a run that tracks the state stops there
+            fixed={"training.stop_at_accuracy": MATRIX_STOP_AT},
+            fixed_at={
+                preset: {"task.test_min_elements": lo, "task.test_max_elements": hi}
+                for preset, (lo, hi) in STATE_TEST_LENGTHS.items()
+            },
+            matrix="eigenvalues",
+            accepts=takes_neg_eigval,
         ),
         Experiment(
             "task-matrix",

@@ -47,6 +47,7 @@ NAME_PREFIXES: dict[str, str] = {
     "model.mixer.kernel_size": "k",
     "model.mixer.conv_kernel_size": "k",
     "model.mixer.long_conv": "long",
+    "model.mixer.allow_neg_eigval": "neg",
     "training.lr": "lr",
     "training.seed": "s",
     "task.seed": "data",

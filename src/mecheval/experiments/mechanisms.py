@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,7 +40,13 @@ from mecheval.interventions import (
 from mecheval.interventions.attribution import DEFAULT_STEPS
 from mecheval.io import atomic_write_text
 from mecheval.models import LanguageModel
-from mecheval.models.sites import last_layer_input, local_mixing_sites, parse_site
+from mecheval.models.sites import (
+    last_layer_input,
+    local_mixing_sites,
+    parse_site,
+    site_names,
+    state_site_names,
+)
 from mecheval.schema import MEASUREMENT_COLUMNS
 from mecheval.tasks import Batch, build_datasets, corrupt
 from mecheval.tasks.scores import chance_level, n_candidates
@@ -255,6 +261,10 @@ def intervene_run(
     if loaded is None:
         loaded = load_run(run_dir, device, cfg=run.cfg if run is not None else None)
     cfg, model = loaded
+    readings = cfg.task.readings
+    if readings.in_state and plan.sites is None:
+        # The task reads recurrent states too: every module site and every state site.
+        plan = replace(plan, sites=(*site_names(model), *state_site_names(model)))
     step = int((read_status(run_dir) or {}).get("step", 0))
     pair = eval_batch(cfg.task, plan.split, plan.n_docs, cache_dir, plan.documents)
     started = time.perf_counter()
@@ -267,9 +277,11 @@ def intervene_run(
     chance = None if candidates is None else chance_level(candidates)
 
     def read_label(table: pd.DataFrame) -> MechanismLabel | None:
-        if not readable_sites(table, n_layers, local_sites):
+        if not readable_sites(table, n_layers, local_sites, readings):
             return None
-        return label_mechanism(table, n_layers, chance=chance, local_sites=local_sites)
+        return label_mechanism(
+            table, n_layers, chance=chance, local_sites=local_sites, readings=readings
+        )
 
     label = read_label(result.table)
     graded: tuple[Graded, ...] = ()

@@ -251,7 +251,11 @@ def read_label(run_dir: Path) -> dict[str, Any] | None:
 
 
 def _dev_accuracy(status: dict[str, Any]) -> float | None:
-    return ((status.get("metrics") or {}).get("dev") or {}).get("accuracy")
+    return _split_accuracy(status, "dev")
+
+
+def _split_accuracy(status: dict[str, Any], split: str) -> float | None:
+    return ((status.get("metrics") or {}).get(split) or {}).get("accuracy")
 
 
 def mechanism_summary(experiment_dir: str | Path) -> pd.DataFrame:
@@ -320,9 +324,10 @@ def seed_agreement(summary: pd.DataFrame) -> pd.DataFrame:
 def label_records(experiment_dir: str | Path) -> pd.DataFrame:
     """One row per run for the mechanism matrices: run, task (kind), short conv (the switch's
     setting, None: the architecture's default), architecture,
-    status, reason, dev accuracy (a fraction), and from ``mechanism.json`` the label, the
-    test accuracy it was read with, and the role that recovers most with its fraction
-    (empty where no label was written)."""
+    status, reason, dev and test accuracy (fractions), negative eigenvalues (the mixer's
+    ``allow_neg_eigval``, None where it has none), and from ``mechanism.json`` the label, the
+    accuracy on the documents it was read on (the plan's split), and the role that recovers
+    most with its fraction (empty where no label was written)."""
     rows = []
     for run_dir in run_dirs(Path(experiment_dir)):
         config = read_config_data(run_dir)
@@ -335,6 +340,8 @@ def label_records(experiment_dir: str | Path) -> pd.DataFrame:
             "status": status.get("state"),
             "reason": status_reason(status),
             "dev accuracy": _dev_accuracy(status),
+            "test accuracy": _split_accuracy(status, "test"),
+            "negative eigenvalues": (config["model"].get("mixer") or {}).get("allow_neg_eigval"),
             "label": None,
             "accuracy": None,
             "best role": None,

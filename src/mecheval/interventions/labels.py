@@ -45,6 +45,15 @@ they are tried:
   ``query`` -> ``direct retrieval, layer 0`` (the answer is already at the query);
   ``key`` -> ``direct retrieval, layer >= 1`` (the last layer reads the key itself).
 - ``unclear`` when no role recovers ``min_fraction``.
+
+Those are retrieval's labels (AR, ATR and their families). A task names its own label
+vocabulary (its config's ``readings``, tasks/readings.py). State tracking (parity, S3) reads
+where the changed element's information is carried to the answer, the first of these whose
+restore recovers ``min_fraction``: ``in the state after it`` (a recurrent state site,
+``layers.{i}.mixer.state``, of any layer, restored after the element), ``at the element``
+(the element's position at the label site: the last layer reads the element itself),
+``only at the query`` (the query's position at the label site). Every state is a candidate
+there, so an accuracy at or below chance reads ``not learned``.
 """
 
 from __future__ import annotations
@@ -55,21 +64,17 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from mecheval.models.sites import last_layer_input, layer_site
+from mecheval.models.sites import last_layer_input, layer_site, state_site_layer
+from mecheval.tasks.readings import CANDIDATES_ONLY, RETRIEVAL, Readings
 
-LABELS = {
-    "value": "induction",
-    "next_key": "induction (next key)",
-    "query": "direct retrieval, layer 0",
-    "key": "direct retrieval, layer >= 1",
-}
+#: Retrieval's labels by the role that recovers (tasks/readings.py's ``RETRIEVAL``).
+LABELS = RETRIEVAL.at_label_site
 
 
 #: The label ``candidates only (no binding)``: the in-context accuracy it needs at least.
 CANDIDATES_MIN_IN_CONTEXT_ACCURACY = 0.9
 #: ... and how far (absolute, inclusive) the accuracy may be from the chance level.
 CHANCE_TOLERANCE = 0.05
-CANDIDATES_ONLY = "candidates only (no binding)"
 #: Float rounding allowance of the inclusive threshold comparisons (|0.3 − 0.25| ≠ 0.05).
 _EPS = 1e-12
 
@@ -144,29 +149,52 @@ def label_sites(n_layers: int, local_sites: Sequence[str] = ()) -> list[str]:
 
 
 def readable_sites(
-    table: pd.DataFrame, n_layers: int, local_sites: Sequence[str] = ()
+    table: pd.DataFrame,
+    n_layers: int,
+    local_sites: Sequence[str] = (),
+    readings: Readings = RETRIEVAL,
 ) -> list[str]:
     """The sites the label is read at among those where ``table`` restores a labelled role:
     the measured short mixing steps of a one-layer block, else :func:`label_site`. Empty
     when the table has none of them (other sites only, such as a recurrent state's): then
     no label can be read."""
     restored = table[(table.metric == "likelihood") & (table.condition == "restored")]
-    measured = set(restored.site[restored.role.isin(list(LABELS))])
+    measured = set(restored.site[restored.role.isin(list(readings.at_label_site))])
     local = [site for site in local_sites if site in measured] if n_layers == 1 else []
     return local or [site for site in [label_site(n_layers)] if site in measured]
 
 
 def _recovered(
-    likelihood: pd.DataFrame, site: str, corrupted: float, gap: float
+    likelihood: pd.DataFrame, site: str, corrupted: float, gap: float, labelled: Sequence[str]
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """(restored likelihood per role, fraction of the gap it recovers per labelled role) at
-    ``site``."""
+    """(restored likelihood per role, fraction of the gap it recovers per ``labelled`` role)
+    at ``site``."""
     at_site = likelihood[(likelihood.condition == "restored") & (likelihood.site == site)]
     restored = {r: float(v) for r, v in zip(at_site.role, at_site.value, strict=True)}
-    recovered = {
-        r: (v - corrupted) / gap if gap > 1e-12 else 0.0 for r, v in restored.items() if r in LABELS
-    }
+    recovered = {r: _fraction(v, corrupted, gap) for r, v in restored.items() if r in labelled}
     return restored, recovered
+
+
+def _fraction(restored: float, corrupted: float, gap: float) -> float:
+    return (restored - corrupted) / gap if gap > 1e-12 else 0.0
+
+
+def _best_state(
+    likelihood: pd.DataFrame, role: str, corrupted: float, gap: float
+) -> tuple[str, float, float] | None:
+    """(state site, restored likelihood, fraction recovered) of the state site whose restore
+    of ``role`` recovers most (the first in layer order among equals); None: none measured."""
+    rows = likelihood[(likelihood.condition == "restored") & (likelihood.role == role)]
+    states = [
+        (str(site), float(value))
+        for site, value in zip(rows.site, rows.value, strict=True)
+        if state_site_layer(str(site)) is not None
+    ]
+    if not states:
+        return None
+    states.sort(key=lambda s: state_site_layer(s[0]) or 0)
+    site, value = max(states, key=lambda s: s[1])
+    return site, value, _fraction(value, corrupted, gap)
 
 
 def candidates_only(
@@ -187,11 +215,13 @@ def label_mechanism(
     thresholds: Thresholds = Thresholds(),
     chance: float | None = None,
     local_sites: Sequence[str] = (),
+    readings: Readings = RETRIEVAL,
 ) -> MechanismLabel:
     """Label from an interchange table (the engine's ``InterchangeResult.table``) and the
     chance level of its documents (``tasks.scores.chance_level`` of their candidates).
     ``local_sites``: the short mixing steps' sites of a one-layer model's block
-    (``models.sites.local_mixing_sites(model, 0)``), read instead of ``layers.0.output``."""
+    (``models.sites.local_mixing_sites(model, 0)``), read instead of ``layers.0.output``.
+    ``readings``: the task's label vocabulary (tasks/readings.py; AR's by default)."""
     likelihood = table[table.metric == "likelihood"]
 
     def one(condition: str) -> float:
@@ -211,27 +241,51 @@ def label_mechanism(
     }
     original, corrupted = one("original"), one("corrupted")
     gap = original - corrupted
-    sites = readable_sites(table, n_layers, local_sites)
+    sites = readable_sites(table, n_layers, local_sites, readings)
     if not sites:
         where = " or ".join(label_sites(n_layers, local_sites))
-        raise ValueError(f"label: the table has no restores at {where} (key/value/query)")
-    read = [(site, *_recovered(likelihood, site, corrupted, gap)) for site in sites]
+        roles = "/".join(readings.at_label_site)
+        raise ValueError(f"label: the table has no restores at {where} ({roles})")
+    labelled = list(readings.at_label_site)
+    read = [(site, *_recovered(likelihood, site, corrupted, gap, labelled)) for site in sites]
     # the first site whose best role recovers most (max keeps the first of equals)
     site, restored, recovered = max(read, key=lambda r: max(r[2].values(), default=-math.inf))
+    # The state sites' readings (each state role at the state site that recovers it most),
+    # kept beside the label site's roles as "<role> (state)".
+    state_sites: dict[str, str] = {}
+    names = dict(readings.at_label_site)
+    for role, name in readings.in_state.items():
+        best_state = _best_state(likelihood, role, corrupted, gap)
+        if best_state is not None:
+            key = f"{role} (state)"
+            state_sites[key], restored[key], recovered[key] = best_state
+            names[key] = name
     if (
         accuracy is not None
         and in_context_accuracy is not None
         and chance is not None
         and candidates_only(accuracy, in_context_accuracy, chance, thresholds)
+    ) or (
+        readings.chance_is_floor
+        and accuracy is not None
+        and chance is not None
+        and accuracy <= chance + thresholds.chance_tolerance + _EPS
     ):
-        label = CANDIDATES_ONLY
+        label = readings.at_chance
     elif original < thresholds.min_original:
         label = "not learned"
     elif gap < thresholds.min_gap:
         label = "inconclusive"
     else:
-        best = max(recovered, key=recovered.__getitem__)
-        label = LABELS[best] if recovered[best] >= thresholds.min_fraction else "unclear"
+        if readings.first_reached:  # state sites first, then the label site's roles in order
+            order = [*state_sites, *(r for r in readings.at_label_site if r in recovered)]
+            reached = [r for r in order if recovered[r] >= thresholds.min_fraction]
+            best = reached[0] if reached else None
+        else:  # the role that recovers most
+            best = max(recovered, key=recovered.__getitem__)
+            best = best if recovered[best] >= thresholds.min_fraction else None
+        label = "unclear" if best is None else names[best]
+        site = state_sites.get(best or "", site)
     return MechanismLabel(
         label, site, original, corrupted, restored, recovered, thresholds, **binding
     )

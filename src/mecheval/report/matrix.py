@@ -26,13 +26,19 @@ from mecheval.tasks import TASKS, task_label
 
 @dataclass(frozen=True)
 class Columns:
-    """What the matrix's columns are: a column of the records, its order and labels."""
+    """What the matrix's columns are: a column of the records (or one ``derive`` makes from
+    them), its order and labels."""
 
     column: str
     name: str  # the figure's name
     what: str  # "task"
     order: Callable[[Any], Any]
     label: Callable[[Any], str]
+    derive: Callable[[pd.DataFrame], pd.Series] | None = None
+    #: the split the labels were read on, as the table's note names it
+    split: str = "test split"
+    #: a second table: each cell's dev and test accuracy (trained and longer documents)
+    accuracies: bool = False
 
 
 def _task_order(kind: Any) -> int:
@@ -55,14 +61,45 @@ def _conv_label(value: Any) -> str:
     return "no short conv" if value == "none" else f"short conv {int(float(value))}"
 
 
+def _eigenvalue_setting(records: pd.DataFrame) -> pd.Series:
+    """``parity|[-1, 1]``: a run's task and its transitions' eigenvalue range."""
+    ranges = records["negative eigenvalues"].map(lambda v: "[-1, 1]" if v is True else "[0, 1]")
+    return records["task"].astype(str) + "|" + ranges
+
+
+def _setting_order(value: Any) -> tuple[int, bool]:
+    kind, _, eigenvalues = str(value).partition("|")
+    return _task_order(kind), eigenvalues == "[-1, 1]"
+
+
+def _setting_label(value: Any) -> str:
+    kind, _, eigenvalues = str(value).partition("|")
+    return f"{_task_label(kind)}, {eigenvalues}"
+
+
 TASK_COLUMNS = Columns("task", "task-matrix", "task", _task_order, _task_label)
 CONV_COLUMNS = Columns("short conv", "conv-switch", "short-conv setting", _conv_order, _conv_label)
+EIGENVALUE_COLUMNS = Columns(
+    "task and eigenvalues",
+    "state-tracking",
+    "task and eigenvalue range",
+    _setting_order,
+    _setting_label,
+    derive=_eigenvalue_setting,
+    split="dev split: the trained lengths",
+    accuracies=True,
+)
+#: The matrices an experiment can ask for (``Experiment.matrix``).
+MATRICES = {"task": TASK_COLUMNS, "short conv": CONV_COLUMNS, "eigenvalues": EIGENVALUE_COLUMNS}
 #: A colour per label (interventions/labels.py), in the legend's order.
 LABEL_COLOURS = {
     "induction": "#4c72b0",
     "induction (next key)": "#8fb1e0",
     "direct retrieval, layer 0": "#dd8452",
     "direct retrieval, layer >= 1": "#c44e52",
+    "in the state after it": "#55a868",
+    "at the element": "#64b5cd",
+    "only at the query": "#dd8452",
     "unclear": "#ccb974",
     "candidates only (no binding)": "#8172b3",
     "inconclusive": "#bbbbbb",
@@ -141,13 +178,35 @@ def matrix_markdown(best: pd.DataFrame, columns: Columns = TASK_COLUMNS) -> str:
         f"## {columns.name}: mechanism per architecture and {columns.what}",
         "",
         "Each cell: the mechanism label, the accuracy on the documents it was measured on "
-        "(test split), and the role whose restore at the label site recovers most of what "
+        f"({columns.split}), and the role whose restore at the label site recovers most of what "
         "corrupting the key removed, with that fraction. Where a cell had several runs, the "
         "one with the highest final dev accuracy.",
         "",
         *md_table(["architecture", *(columns.label(v) for v in values)], rows),
     ]
+    if columns.accuracies:
+        lines += ["", *_accuracy_table(archs, values, cells, columns)]
     return "\n".join(lines) + "\n"
+
+
+def _accuracy_table(
+    archs: list[str], values: list[Any], cells: dict[tuple[str, str], pd.Series], columns: Columns
+) -> list[str]:
+    """Each cell's final dev accuracy (trained lengths) / test accuracy (longer documents)."""
+
+    def text(arch: str, value: Any) -> str:
+        row = cells.get((arch, _cell_key(value)))
+        if row is None:
+            return ""
+        return f"{_percent(row['dev accuracy'])} / {_percent(row['test accuracy'])}"
+
+    header = ["architecture", *(columns.label(v) for v in values)]
+    rows = [[architecture_label(a), *(text(a, v) for v in values)] for a in archs]
+    return [
+        "Accuracy in %: final dev (the trained lengths) / test (longer documents).",
+        "",
+        *md_table(header, rows),
+    ]
 
 
 def matrix_figure(best: pd.DataFrame, columns: Columns = TASK_COLUMNS) -> Figure:
@@ -198,7 +257,9 @@ def matrix_figure(best: pd.DataFrame, columns: Columns = TASK_COLUMNS) -> Figure
 
 def render_matrix(records: pd.DataFrame, columns: Columns = TASK_COLUMNS) -> FigureResult:
     """The matrix of ``records`` (``experiments.store.label_records``) as a figure result:
-    architectures by ``columns`` (tasks, or short-conv settings)."""
+    architectures by ``columns`` (tasks, short-conv settings, ...)."""
+    if columns.derive is not None and not records.empty:
+        records = records.assign(**{columns.column: columns.derive(records)})
     best = best_runs(records, columns)
     return FigureResult(
         name=columns.name,

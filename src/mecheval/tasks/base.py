@@ -23,6 +23,7 @@ from pydantic_core import PydanticCustomError
 from mecheval.errors import ConfigError
 from mecheval.tasks.batch import ROLES, Batch
 from mecheval.tasks.documents import Documents
+from mecheval.tasks.readings import RETRIEVAL, Readings
 from mecheval.tasks.vocab import N_SPECIAL, SPECIAL_NAMES
 
 SPLITS = ("train", "dev", "test")
@@ -73,6 +74,8 @@ class TaskConfigBase(BaseModel):
     #: a per-document structure stored with the dataset (ATR's derivation trees): a class with
     #: ``tensors() -> dict``, ``from_tensors(dict)`` and ``check(n)``; None: none
     tree_class: ClassVar[Any] = None
+    #: how its restores read as mechanism labels (tasks/readings.py): retrieval's by default
+    readings: ClassVar[Readings] = RETRIEVAL
 
     # ------------------------------------------------------------------------ behaviour
     def generate(self, split: str, n: int, shared: Any) -> Documents:

@@ -22,6 +22,7 @@ from mecheval.tasks.noisy_ar import NoisyARConfig
 from mecheval.tasks.overwrite_ar import OverwriteARConfig
 from mecheval.tasks.reverse_ar import ReverseARConfig
 from mecheval.tasks.stacked_mqar import StackedMQARConfig
+from mecheval.tasks.state_tracking import ParityConfig, S3Config
 
 TASKS: dict[str, type[TaskConfigBase]] = {}
 
@@ -51,6 +52,8 @@ for _task in (
     CompositionalMQARConfig,
     ReverseARConfig,
     StackedMQARConfig,
+    ParityConfig,
+    S3Config,
 ):
     register_task(_task)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -49,6 +50,12 @@ def test_experiment_runs_end_to_end_at_tiny(name: str, tmp_path) -> None:
     if name == "task-matrix":  # the matrix first, then each of its tasks' restore figure
         assert printed[0] == "task-matrix" and {"mqar-restore", "ar-restore"} <= set(printed)
         assert "pos-emb" not in printed
+    if name == "state-tracking":  # the matrix by task and eigenvalue range, accuracies beside
+        assert printed == ["state-tracking"]
+        assert "Accuracy in %: final dev (the trained lengths) / test" in result.output
+        for run in runs:  # the task reads recurrent states: every state site was restored
+            sites = set(pd.read_csv(run / "interventions.csv").site.dropna())
+            assert {"layers.0.mixer.state", "layers.1.mixer.state", "layers.1.input"} <= sites
 
 
 def assert_report_is_what_was_printed(report_dir: Path, output: str) -> list[str]:

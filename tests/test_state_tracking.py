@@ -156,12 +156,19 @@ def _flips(x: torch.Tensor) -> torch.Tensor:
 
 
 class ParityRecurrence(Mixer):
-    """s_t = s_{t-1} · (±1): the parity carried in a recurrent state (1 after <bos>)."""
+    """s_t = s_{t-1} · (±1): the parity carried in a recurrent state (1 after <bos>). With
+    ``lag``, the factor of element t enters the state at t + lag, as a short conv's window
+    delays what an SSM's state takes in (the state right after the element misses it); the
+    output multiplies in the last ``lag`` elements' factors from the window."""
 
     has_recurrent_state = True
 
+    def __init__(self, lag: int = 0) -> None:
+        super().__init__()
+        self.lag = lag
+
     def prefix_halo(self) -> int | None:
-        return 0
+        return self.lag
 
     def recurrent_state_size(self, seq_len: int) -> int | None:
         return 1
@@ -177,6 +184,11 @@ class ParityRecurrence(Mixer):
 
     def _run(self, x, offset, state, replace=False):
         flips = _flips(x)
+        recent = torch.ones_like(flips)
+        if self.lag:  # element t - lag's factor at t; none before the window's first element
+            flips = torch.cat([torch.ones_like(flips[:, : self.lag]), flips[:, : -self.lag]], 1)
+            # the last `lag` elements' factors, read from the window as a short conv holds them
+            recent = torch.stack([_flips(x).roll(j, 1) for j in range(self.lag)]).prod(0)
         start = (x[..., BOS] > 0).float()
         s = torch.zeros(x.shape[0], 1) if state is None else state.clone()
         states = torch.zeros(x.shape[0], x.shape[1], 1)
@@ -184,7 +196,7 @@ class ParityRecurrence(Mixer):
             if not (replace and t == offset):  # replace: the state after `offset` is given
                 s = start[:, t, None] + (1 - start[:, t, None]) * s * flips[:, t, None]
             states[:, t] = s
-        return _write(states[..., 0], x), states
+        return _write(states[..., 0] * recent, x), states
 
 
 class ParityWindow(Mixer):
@@ -245,12 +257,30 @@ def test_a_recurrent_state_that_carries_the_parity_reads_in_the_state(layer: int
     assert result.value("original", "accuracy") == 1.0
     assert result.value("corrupted", "accuracy") == 0.0
     assert (label.label, label.site) == ("in the state after it", f"layers.{layer}.mixer.state")
-    assert label.recovered["key (state)"] > 0.99
-    # In the last layer the element's restore recovers too (the state reads it there); in the
-    # first, the query's does: the state is the reading tried first.
+    assert label.recovered["query (state)"] > 0.99
+    # In the last layer the element's restore recovers too (the state takes it in there); in
+    # the first, the query's does: the state is the reading tried first.
     other = "key" if layer == 1 else "query"
     assert label.recovered[other] > 0.99
     assert label.recovered["query" if layer == 1 else "key"] < 0.01
+
+
+def test_the_state_is_read_at_the_query_where_the_element_enters_it_late() -> None:
+    """The element's factor enters the state 2 positions after it (a short conv's delay): the
+    state restored right after the element misses it, the state the answer reads carries it."""
+    model = hand_built(Silent(), ParityRecurrence(lag=2))
+    original = build_datasets(CFG)["dev"].batch(torch.arange(64))
+    keep = original.roles["query"] - original.roles["key"] >= 2  # the factor is in by the query
+    original = original.select(keep)
+    corrupted = corrupt(original, CFG, seed=5)
+    result = interchange(model, original, corrupted, sites=["layers.1.input", STATE1])
+    assert result.value("original", "accuracy") == 1.0
+    assert result.value("restored", site=STATE1, role="key") < 0.01
+    label = label_mechanism(result.table, 2, chance=0.5, readings=CFG.readings)
+    assert (label.label, label.site) == ("in the state after it", STATE1)
+
+
+STATE1 = "layers.1.mixer.state"
 
 
 def test_a_last_layer_that_reads_the_elements_without_a_state_reads_at_the_element() -> None:
@@ -258,7 +288,7 @@ def test_a_last_layer_that_reads_the_elements_without_a_state_reads_at_the_eleme
     assert result.value("original", "accuracy") == 1.0
     assert (label.label, label.site) == ("at the element", "layers.1.input")
     assert label.recovered["key"] > 0.99 and label.recovered["query"] < 0.01
-    assert "key (state)" not in label.recovered
+    assert "query (state)" not in label.recovered
 
 
 def test_an_answer_composed_before_the_last_layer_reads_only_at_the_query() -> None:
@@ -316,14 +346,14 @@ def test_the_state_reading_comes_first_and_names_its_site() -> None:
     restores = {
         ("layers.1.input", "key"): 0.8,
         ("layers.1.input", "query"): 0.8,
-        ("layers.0.mixer.state", "key"): 0.3,
-        ("layers.1.mixer.state", "key"): 0.7,
+        ("layers.0.mixer.state", "query"): 0.3,
+        ("layers.1.mixer.state", "query"): 0.7,
     }
     label = label_mechanism(_table(0.9, 0.8, restores), 2, chance=0.5, readings=STATE_TRACKING)
     assert (label.label, label.site) == ("in the state after it", "layers.1.mixer.state")
-    assert label.recovered["key (state)"] == pytest.approx(0.5 / 0.6)
+    assert label.recovered["query (state)"] == pytest.approx(0.5 / 0.6)
     # below min_fraction in every state: the element, then the query
-    restores[("layers.1.mixer.state", "key")] = 0.4
+    restores[("layers.1.mixer.state", "query")] = 0.4
     label = label_mechanism(_table(0.9, 0.8, restores), 2, chance=0.5, readings=STATE_TRACKING)
     assert (label.label, label.site) == ("at the element", "layers.1.input")
     restores[("layers.1.input", "key")] = 0.2

@@ -60,10 +60,13 @@ RETRIEVAL = Readings(
 )
 
 #: State tracking (parity, S3): where the changed element's information is carried to the
-#: answer (tasks/state_tracking.py).
+#: answer (tasks/state_tracking.py). The state reading restores a layer's recurrent state at the
+#: query, the state its answer reads: where it recovers, the element's information reached the
+#: answer in that state. (At the element's own position a state misses what a short conv
+#: still holds of the element for its next k - 1 positions, as Mamba's does.)
 STATE_TRACKING = Readings(
     {"key": "at the element", "query": "only at the query"},
-    in_state={"key": "in the state after it"},
+    in_state={"query": "in the state after it"},
     first_reached=True,
     at_chance="not learned",
     chance_is_floor=True,

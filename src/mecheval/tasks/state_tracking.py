@@ -28,10 +28,11 @@ among the group's others (parity: the bit flips), which changes the answer alway
 no two elements with the same effect). Every state is an answer candidate.
 
 Labels (interventions/labels.py, docs/tasks.md): where the changed element's information is
-carried to the answer. ``in the state after it``: a recurrent state after the element restores
-the answer; ``at the element``: the last layer's input at the element does (the last layer
-reads the element itself); ``only at the query``: only the query's does (the answer was
-composed at the query before the last layer).
+carried to the answer, the first of: ``in the state after it``, a layer's recurrent state at
+the query (the state its answer reads, after the element) restores the answer; ``at the
+element``, the last layer's input at the element does (the last layer reads the element
+itself); ``only at the query``, the query's does (the answer was composed at the query before
+the last layer).
 """
 
 from __future__ import annotations

@@ -177,7 +177,7 @@ def test_label_records_read_the_runs_folders(tmp_path) -> None:
         )
     )
     rows = label_records(tmp_path)
-    assert rows.to_dict("records")[0] | {"dev accuracy": None} == {
+    assert rows.to_dict("records")[0] | {"dev accuracy": None, "test accuracy": None} == {
         "run": "mqar-attention",
         "task": "mqar",
         "short conv": None,
@@ -185,6 +185,8 @@ def test_label_records_read_the_runs_folders(tmp_path) -> None:
         "status": "done",
         "reason": "",
         "dev accuracy": None,
+        "test accuracy": None,
+        "negative eigenvalues": None,  # attention has no allow_neg_eigval
         "label": "unclear",
         "accuracy": 0.4,
         "best role": "value",
@@ -224,6 +226,41 @@ def test_conv_matrix_columns_in_switch_order() -> None:
     header = next(line for line in result.markdown.splitlines() if line.startswith("| arch"))
     assert header == "| architecture | no short conv | default | short conv 2 | short conv 4 |"
     assert "| Attention | unclear; acc 90%, value 95% |  | induction" in result.markdown
+
+
+def test_eigenvalue_matrix_columns_by_task_then_range_with_accuracies() -> None:
+    from mecheval.report.matrix import EIGENVALUE_COLUMNS
+
+    table = records(
+        [
+            {"task": "s3", "architecture": "mamba", "negative eigenvalues": True},
+            {"task": "parity", "architecture": "mamba", "negative eigenvalues": True},
+            {"task": "parity", "architecture": "mamba", "negative eigenvalues": False},
+            {"task": "parity", "architecture": "deltanet", "negative eigenvalues": False},
+        ]
+    ).assign(**{"test accuracy": [0.2, 0.98, 0.5, 0.55]})
+    table.loc[2, "label"] = "in the state after it"
+    result = render_matrix(table, EIGENVALUE_COLUMNS)
+    lines = result.markdown.splitlines()
+    headers = [line for line in lines if line.startswith("| architecture")]
+    assert headers == ["| architecture | Parity, [0, 1] | Parity, [-1, 1] | S3, [-1, 1] |"] * 2
+    assert "(dev split: the trained lengths)" in result.markdown
+    assert "| Mamba | in the state after it; acc 90%, value 95% | induction" in result.markdown
+    assert "| Mamba | 50 / 50 | 50 / 98 | 50 / 20 |" in lines
+    assert "| DeltaNet | 50 / 55 |  |  |" in lines
+
+
+def test_state_tracking_sweep_takes_the_archs_with_negative_eigenvalues() -> None:
+    experiment, spec = reproduce_spec("state-tracking", "quick")
+    assert spec.grid["task"] == ["parity", "s3"]
+    assert spec.grid["model.architecture"] == ["mamba", "deltanet", "mamba2", "gated_deltanet"]
+    assert spec.set["task.test_min_elements"] == 17 and spec.set["task.test_max_elements"] == 64
+    assert experiment.plan.split == "dev" and experiment.matrix == "eigenvalues"
+    assert [r.name for r in expand(spec)][:2] == ["parity-mamba-negoff", "parity-mamba-negon"]
+    _, spec = reproduce_spec("state-tracking", "paper")
+    assert spec.set["task.test_min_elements"] == 40 and spec.set["task.test_max_elements"] == 256
+    with pytest.raises(ConfigError):
+        plan_runs(reproduce_spec("state-tracking", "quick", archs="attention")[1])
 
 
 def test_reproduce_set_overrides_every_run_in_its_own_folder() -> None:

@@ -284,6 +284,9 @@ def mechanism_summary(experiment_dir: str | Path) -> pd.DataFrame:
             for role in ("key", "value", "query"):
                 value = label["restored"].get(role)
                 row[f"@ {role}"] = None if value is None else round(100 * value, 1)
+            # a task that reads recurrent states too (state tracking): the best state's restore
+            states = {r: v for r, v in label["restored"].items() if r.endswith(" (state)")}
+            row |= {f"@ {r}": round(100 * v, 1) for r, v in states.items()}
             binding = (("in-context acc %", "in_context_accuracy"), ("chance %", "chance"))
             for column, key in binding:
                 value = label.get(key)

@@ -51,10 +51,10 @@ vocabulary (its config's ``readings``, tasks/readings.py). State tracking (parit
 where the changed element's information is carried to the answer, the first of these whose
 restore recovers ``min_fraction``: ``in the state after it`` (a recurrent state site,
 ``layers.{i}.mixer.state``, of any layer, restored at the query: the state the answer reads
-carries the element's information), ``at the element``
-(the element's position at the label site: the last layer reads the element itself),
-``only at the query`` (the query's position at the label site). Every state is a candidate
-there, so an accuracy at or below chance reads ``not learned``.
+carries the element's information), ``at the element`` (the element's position at the label
+site: the last layer reads the element itself), ``only at the query`` (the query's position
+at the label site). Every state is a candidate there, so an accuracy at or below chance reads
+``not learned``.
 """
 
 from __future__ import annotations

@@ -107,11 +107,12 @@ MUTANTS = [
     Mutant(
         "labels-swap-value-and-query",
         "the mechanism labels read value as direct retrieval and query as induction",
-        "src/mecheval/interventions/labels.py",
-        '    "value": "induction",\n    "next_key": "induction (next key)",\n'
-        '    "query": "direct retrieval, layer 0",',
-        '    "value": "direct retrieval, layer 0",\n    "next_key": "induction (next key)",\n'
-        '    "query": "induction",',
+        "src/mecheval/tasks/readings.py",
+        '        "value": "induction",\n        "next_key": "induction (next key)",\n'
+        '        "query": "direct retrieval, layer 0",',
+        '        "value": "direct retrieval, layer 0",\n'
+        '        "next_key": "induction (next key)",\n'
+        '        "query": "induction",',
         ("tests/test_mechanism_labels.py", "tests/test_mechanisms.py"),
     ),
     Mutant(

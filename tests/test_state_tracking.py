@@ -24,6 +24,7 @@ from mecheval.models.sites import name_sites, state_site_names
 from mecheval.tasks import build_datasets, corrupt, parse_task
 from mecheval.tasks.readings import STATE_TRACKING
 from mecheval.tasks.scores import chance_level
+from mecheval.tasks.state_tracking import running_states
 from mecheval.tasks.vocab import BOS, N_SPECIAL
 
 
@@ -93,15 +94,11 @@ def test_corruption_changes_one_element_and_always_the_answer() -> None:
         changed = original.tokens != corrupted.tokens
         assert torch.equal(changed.sum(1), torch.ones(64, dtype=torch.long))
         assert torch.equal(changed.nonzero()[:, 1], original.roles["key"])
-        lengths = original.lengths
-        from mecheval.tasks.state_tracking import running_states
-
-        for batch, other in ((original, corrupted),):
-            for i in range(64):
-                n = int(lengths[i]) - 1
-                a = running_states(cfg, batch.tokens[i : i + 1, 1 : n + 1])[0, -1]
-                b = running_states(cfg, other.tokens[i : i + 1, 1 : n + 1])[0, -1]
-                assert a == batch.answer[i] and a != b
+        for i in range(64):
+            n = int(original.lengths[i]) - 1
+            a = running_states(cfg, original.tokens[i : i + 1, 1 : n + 1])[0, -1]
+            b = running_states(cfg, corrupted.tokens[i : i + 1, 1 : n + 1])[0, -1]
+            assert a == original.answer[i] and a != b
 
 
 def test_test_lengths_and_chance() -> None:

@@ -156,6 +156,20 @@ def test_render_matrix_table_and_figure() -> None:
     assert legend == ["induction", "direct retrieval, layer 0", "not learned"]
 
 
+def test_every_label_of_every_reading_has_a_colour_of_its_own() -> None:
+    # One matrix may hold retrieval's and state tracking's labels side by side: a label
+    # without a colour would be drawn blank, two alike would share a legend colour.
+    from mecheval.report.matrix import LABEL_COLOURS
+    from mecheval.tasks.readings import RETRIEVAL, STATE_TRACKING
+
+    labels = {"unclear", "inconclusive"}
+    for reading in (RETRIEVAL, STATE_TRACKING):
+        labels |= {*reading.at_label_site.values(), *reading.in_state.values()}
+        labels.add(reading.at_chance)
+    assert labels <= set(LABEL_COLOURS)
+    assert len(set(LABEL_COLOURS.values())) == len(LABEL_COLOURS)
+
+
 def test_label_records_read_the_runs_folders(tmp_path) -> None:
     from mecheval.experiments.store import label_records
     from mecheval.training.config import config_from_data, resolve

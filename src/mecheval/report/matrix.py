@@ -91,7 +91,8 @@ EIGENVALUE_COLUMNS = Columns(
 )
 #: The matrices an experiment can ask for (``Experiment.matrix``).
 MATRICES = {"task": TASK_COLUMNS, "short conv": CONV_COLUMNS, "eigenvalues": EIGENVALUE_COLUMNS}
-#: A colour per label (interventions/labels.py), in the legend's order.
+#: A colour per label (interventions/labels.py, tasks/readings.py), in the legend's order;
+#: no two alike, since one matrix may hold every task's labels.
 LABEL_COLOURS = {
     "induction": "#4c72b0",
     "induction (next key)": "#8fb1e0",
@@ -99,7 +100,7 @@ LABEL_COLOURS = {
     "direct retrieval, layer >= 1": "#c44e52",
     "in the state after it": "#55a868",
     "at the element": "#64b5cd",
-    "only at the query": "#dd8452",
+    "only at the query": "#da8bc3",
     "unclear": "#ccb974",
     "candidates only (no binding)": "#8172b3",
     "inconclusive": "#bbbbbb",

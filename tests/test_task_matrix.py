@@ -62,6 +62,8 @@ def test_reproduce_task_matrix_tasks_and_archs() -> None:
         "overwrite-ar-restore",
         "mqar-restore",
         "compositional-mqar-restore",
+        "reverse-ar-restore",
+        "stacked-mqar-restore",
     )
     _, spec = reproduce_spec("task-matrix", "quick", archs="attention,mamba", tasks="mqar, atr")
     assert spec.grid == {"task": ["mqar", "atr"], "model.architecture": ["attention", "mamba"]}

@@ -166,8 +166,9 @@ def reproduce_command(
     tasks: Annotated[
         str | None,
         typer.Option(
-            help="task-matrix only: comma-separated task kinds instead of the AR family "
-            "(ar,noisy_ar,overwrite_ar,mqar,compositional_mqar; atr too)",
+            help="task-matrix only: comma-separated task kinds instead of its nine "
+            "(ar,noisy_ar,overwrite_ar,mqar,compositional_mqar,reverse_ar,stacked_mqar,"
+            "parity,s3; atr too)",
         ),
     ] = None,
     widths: Annotated[

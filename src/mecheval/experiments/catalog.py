@@ -192,9 +192,20 @@ def _archs() -> list[str]:
     return list(PAPER_ARCHITECTURES)
 
 
-#: The tasks of the task x architecture matrix by default: the AR family, whose quick presets
-#: train in seconds to minutes each (ATR's take far longer: add it with --tasks).
-MATRIX_TASKS = ["ar", "noisy_ar", "overwrite_ar", "mqar", "compositional_mqar"]
+#: The tasks of the task x architecture matrix by default: the AR family, the protocol's control
+#: (stacked MQAR), reverse AR and state tracking, whose quick presets train in seconds to
+#: minutes each (ATR's take far longer: add it with --tasks).
+MATRIX_TASKS = [
+    "ar",
+    "noisy_ar",
+    "overwrite_ar",
+    "mqar",
+    "compositional_mqar",
+    "reverse_ar",
+    "stacked_mqar",
+    "parity",
+    "s3",
+]
 #: the matrix's runs stop at this dev accuracy (zoology's ``early_stopping_threshold``)
 MATRIX_STOP_AT = 0.99
 
@@ -402,7 +413,8 @@ def _catalog() -> dict[str, Experiment]:
         ),
         Experiment(
             "task-matrix",
-            "Mechanism matrix: every architecture on every task of the AR family",
+            "Mechanism matrix: every architecture on the AR family, stacked MQAR, reverse AR, "
+            "parity and S3",
             "ar",
             {TASK_AXIS: MATRIX_TASKS, "model.architecture": archs},
             (),

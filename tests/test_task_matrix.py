@@ -88,6 +88,24 @@ def test_bad_tasks_are_one_line_errors(name: str, tasks: str, says: str) -> None
     assert says in str(err.value) and "\n" not in str(err.value)
 
 
+def test_archs_slices_an_experiment_about_named_architectures() -> None:
+    # mamba3-conv compares Mamba and Mamba-3: --archs picks among them (grid order, the full
+    # grid's run names) and refuses any other, in one line.
+    _, full = reproduce_spec("mamba3-conv", "quick")
+    _, spec = reproduce_spec("mamba3-conv", "quick", archs="mamba3")
+    assert spec.grid["model.architecture"] == ["mamba3"]
+    assert [r.name for r in expand(spec)] == [
+        r.name for r in expand(full) if r.name.startswith("mamba3-")
+    ]
+    _, spec = reproduce_spec("mamba3-conv", "quick", archs="mamba3,mamba")
+    assert spec.grid["model.architecture"] == ["mamba", "mamba3"]
+    with pytest.raises(ConfigError) as err:
+        reproduce_spec("mamba3-conv", "quick", archs="mamba3,attention")
+    assert str(err.value) == (
+        "--archs: experiment 'mamba3-conv' studies mamba, mamba3 only (choose among them)"
+    )
+
+
 def records(rows: list[dict]) -> pd.DataFrame:
     base = {
         "status": "done",

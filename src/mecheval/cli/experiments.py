@@ -160,7 +160,9 @@ def reproduce_command(
         str | None,
         typer.Option(
             help="comma-separated architectures instead of the paper's seven; 'all': every "
-            "registered one the experiment can train (the built-ins beyond the paper, plugins)",
+            "registered one the experiment can train (the built-ins beyond the paper, plugins); "
+            "an experiment about named architectures (mamba-conv, mamba3-conv, ...) runs the "
+            "ones given among its own",
         ),
     ] = None,
     tasks: Annotated[

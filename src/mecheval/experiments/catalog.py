@@ -85,11 +85,16 @@ class Experiment:
                 get_task(kind)  # an unknown kind fails now, naming the known ones
             grid[TASK_AXIS] = list(dict.fromkeys(tasks))
         if archs is not None:
-            if self.accepts is None and grid.get("model.architecture") != _archs():
-                raise ConfigError(
-                    f"--archs: experiment {self.name!r} studies "
-                    f"{', '.join(grid.get('model.architecture', []))} only"
-                )
+            own = list(grid.get("model.architecture", []))
+            if self.accepts is None and own != _archs():
+                # An experiment about named architectures runs a subset of them, under the
+                # full grid's run names (as --widths and --lrs slice), and no others.
+                if not set(archs) <= set(own):
+                    raise ConfigError(
+                        f"--archs: experiment {self.name!r} studies {', '.join(own)} only "
+                        "(choose among them)"
+                    )
+                archs = [a for a in own if a in archs]
             for arch in archs:
                 get_architecture(arch)  # fail now, not in every worker
             grid["model.architecture"] = list(archs)

@@ -67,7 +67,8 @@ class Experiment:
         tasks: list[str] | None = None,
     ) -> SweepSpec:
         """The sweep of this experiment at ``preset``; ``archs`` replaces its architectures
-        (custom ones included) where the experiment compares architectures, ``tasks`` its
+        (custom ones included) where the experiment compares architectures, or picks among
+        them where it studies named ones (``mamba-conv``, ``mamba3-conv``), ``tasks`` its
         tasks where it has a task axis (any registered task); ``widths``, ``lrs`` and
         ``seeds`` keep only those values of the grid (see :func:`restrict`)."""
         check_preset(preset)

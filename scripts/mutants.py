@@ -169,8 +169,10 @@ MUTANTS = [
         "positions-for-all",
         "every architecture gets position embeddings by default (the paper's runs: attention)",
         "src/mecheval/models/registry.py",
-        "    position_embedding: bool = False\n",
-        "    position_embedding: bool = True\n",
+        # the decorator's default, which every built-in registration passes on (the
+        # Architecture field's own default is never read by them)
+        "    position_embedding: bool = False,\n",
+        "    position_embedding: bool = True,\n",
         ("tests/test_fidelity.py",),
     ),
     Mutant(

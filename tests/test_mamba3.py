@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from reference_math import gen
 
 from mecheval.errors import ConfigError
 from mecheval.models import ModelConfig, build_model, site_names, state_size
@@ -30,10 +31,6 @@ from mecheval.models.sites import state_site_names
 DTYPE = torch.float64
 # float64 round-off at these sizes is ~1e-13; every wrong variant misses by far more.
 TOL = {"rtol": 1e-10, "atol": 1e-10}
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def matches(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -15,6 +15,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from reference_math import assert_same_function, gen, sigmoid, silu, softplus
 
 from mecheval.errors import ConfigError
 from mecheval.models import ModelConfig, build_model, site_names
@@ -37,24 +38,8 @@ VOCAB = 20
 TOL = {"rtol": 1e-10, "atol": 1e-10}
 
 
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
 def matches(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.allclose(a, b, **TOL)
-
-
-def sigmoid(x: torch.Tensor) -> torch.Tensor:
-    return 1.0 / (1.0 + torch.exp(-x))
-
-
-def silu(x: torch.Tensor) -> torch.Tensor:
-    return x * sigmoid(x)
-
-
-def softplus(x: torch.Tensor) -> torch.Tensor:
-    return torch.log1p(torch.exp(x))
 
 
 def causal_depthwise_conv(y: torch.Tensor, conv: ShortConv) -> torch.Tensor:
@@ -119,12 +104,7 @@ def test_ssd_chunked_equals_recurrent_forward_and_gradients(length, chunk, group
     args = [a.requires_grad_() for a in ssd_inputs(seed, length, groups=groups)]
     fast = ssd_chunked(*args, chunk_size=chunk)
     ref = ssd_recurrent(*args)
-    torch.testing.assert_close(fast, ref, **TOL)
-    w = torch.randn(ref.shape, generator=gen(seed + 100), dtype=DTYPE)
-    g_fast = torch.autograd.grad((fast * w).sum(), args, materialize_grads=True)
-    g_ref = torch.autograd.grad((ref * w).sum(), args, materialize_grads=True)
-    for name, a, b in zip(["x", "dt", "A", "B", "C", "D"], g_fast, g_ref, strict=True):
-        torch.testing.assert_close(a, b, **TOL, msg=name)
+    assert_same_function(fast, ref, args, ["x", "dt", "A", "B", "C", "D"], seed + 100, **TOL)
 
 
 def ssd_closed_form(x, dt, A, B, C, D, *, decay_from: int = 1, skip: bool = True):
@@ -203,12 +183,7 @@ def test_gated_delta_rule_chunked_equals_recurrent_forward_and_gradients(length,
     args = [a.requires_grad_() for a in rule_inputs(seed, length)]
     fast = gated_delta_rule_chunked(*args, chunk_size=chunk)
     ref = gated_delta_rule_recurrent(*args)
-    torch.testing.assert_close(fast, ref, **TOL)
-    w = torch.randn(ref.shape, generator=gen(seed + 100), dtype=DTYPE)
-    g_fast = torch.autograd.grad((fast * w).sum(), args, materialize_grads=True)
-    g_ref = torch.autograd.grad((ref * w).sum(), args, materialize_grads=True)
-    for name, a, b in zip(["q", "k", "v", "beta", "g"], g_fast, g_ref, strict=True):
-        torch.testing.assert_close(a, b, **TOL, msg=name)
+    assert_same_function(fast, ref, args, ["q", "k", "v", "beta", "g"], seed + 100, **TOL)
 
 
 def test_gated_delta_rule_chunked_does_not_overflow_with_large_decays() -> None:

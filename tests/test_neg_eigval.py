@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from reference_math import assert_same_function, gen, sigmoid, silu, softplus
 
 from mecheval.errors import ConfigError
 from mecheval.models import ModelConfig, build_model, kernels
@@ -43,22 +44,6 @@ CLASSES = {
     "gated_deltanet": (GatedDeltaNet, GatedDeltaNetOptions),
 }
 D_MODEL, LENGTH = 8, 19
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def sigmoid(x: torch.Tensor) -> torch.Tensor:
-    return 1.0 / (1.0 + torch.exp(-x))
-
-
-def silu(x: torch.Tensor) -> torch.Tensor:
-    return x * sigmoid(x)
-
-
-def softplus(x: torch.Tensor) -> torch.Tensor:
-    return torch.log1p(torch.exp(x))
 
 
 def transition(neg: bool) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -215,12 +200,7 @@ def test_selective_scan_fast_form_equals_reference(
     args = [a.requires_grad_() for a in scan_inputs(seed, length)]
     fast = selective_scan(*args, neg_eigval=True)
     ref = selective_scan_reference(*args, neg_eigval=True)
-    torch.testing.assert_close(fast, ref, **TOL)
-    w = torch.randn(ref.shape, generator=gen(seed + 100), dtype=DTYPE)
-    g_fast = torch.autograd.grad((fast * w).sum(), args, materialize_grads=True)
-    g_ref = torch.autograd.grad((ref * w).sum(), args, materialize_grads=True)
-    for name, a, b in zip(["x", "delta", "A", "B", "C", "D"], g_fast, g_ref, strict=True):
-        torch.testing.assert_close(a, b, **TOL, msg=name)
+    assert_same_function(fast, ref, args, ["x", "delta", "A", "B", "C", "D"], seed + 100, **TOL)
     # float32, the training dtype, where the C kernel would run: routed to the PyTorch form.
     args32 = [a.detach().float().requires_grad_() for a in args]
     y = selective_scan(*args32, neg_eigval=True)
@@ -267,12 +247,7 @@ def test_ssd_chunked_equals_recurrent(length: int, chunk: int, seed: int) -> Non
     args = [a.requires_grad_() for a in ssd_inputs(seed, length)]
     fast = ssd_chunked(*args, chunk_size=chunk, neg_eigval=True)
     ref = ssd_recurrent(*args, neg_eigval=True)
-    torch.testing.assert_close(fast, ref, **TOL)
-    w = torch.randn(ref.shape, generator=gen(seed + 100), dtype=DTYPE)
-    g_fast = torch.autograd.grad((fast * w).sum(), args, materialize_grads=True)
-    g_ref = torch.autograd.grad((ref * w).sum(), args, materialize_grads=True)
-    for name, a, b in zip(["x", "dt", "A", "B", "C", "D"], g_fast, g_ref, strict=True):
-        torch.testing.assert_close(a, b, **TOL, msg=name)
+    assert_same_function(fast, ref, args, ["x", "dt", "A", "B", "C", "D"], seed + 100, **TOL)
 
 
 def reference_form(m: Mixer, u: torch.Tensor) -> torch.Tensor:

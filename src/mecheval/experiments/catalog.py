@@ -237,6 +237,21 @@ def takes_neg_eigval(arch: str) -> bool:
 STATE_TEST_LENGTHS = {"quick": (17, 64), "tiny": (7, 12), "paper": (40, 256)}
 
 
+def conv_experiment(
+    name: str,
+    description: str,
+    task: str,
+    archs: list[str],
+    taps: tuple[int, ...],
+    figures: tuple[str, ...] = (),
+    accepts: Callable[[str], bool] | None = None,
+) -> Experiment:
+    """An experiment of ``archs`` without a short conv and with one of each of ``taps``, its
+    labels drawn as a matrix over the conv setting."""
+    grid = {"model.architecture": archs, "model.short_conv": ["none", *taps]}
+    return Experiment(name, description, task, grid, figures, matrix="short conv", accepts=accepts)
+
+
 def _catalog() -> dict[str, Experiment]:
     archs = _archs()
     conv_archs = [a for a in archs if switchable(a)]
@@ -358,42 +373,40 @@ def _catalog() -> dict[str, Experiment]:
             {"model.architecture": archs},
             ("compositional-mqar-restore",),
         ),
-        Experiment(
+        conv_experiment(
             "reverse-ar",
             "Reverse AR, the value before its key: which architectures learn it, and how, "
             "without and with a 4-tap short conv",
             "reverse_ar",
-            {"model.architecture": conv_archs, "model.short_conv": ["none", 4]},
+            conv_archs,
+            (4,),
             ("reverse-ar-restore",),
-            matrix="short conv",
             accepts=switchable,
         ),
-        Experiment(
+        conv_experiment(
             "stacked-mqar",
             "The protocol's control: stacked MQAR, key and value in one token, so no shift is "
             "needed; without and with a 4-tap short conv",
             "stacked_mqar",
-            {"model.architecture": conv_archs, "model.short_conv": ["none", 4]},
+            conv_archs,
+            (4,),
             ("stacked-mqar-restore",),
-            matrix="short conv",
             accepts=switchable,
         ),
-        Experiment(
+        conv_experiment(
             "mamba3-conv",
             "Mamba-3 (its trapezoid a built-in size-2 conv) beside Mamba, without and with a "
             "4-tap short conv, on AR",
             "ar",
-            {"model.architecture": ["mamba", "mamba3"], "model.short_conv": ["none", 4]},
-            (),
-            matrix="short conv",
+            ["mamba", "mamba3"],
+            (4,),
         ),
-        Experiment(
+        conv_experiment(
             "atr-mamba3-conv",
             "Mamba-3 beside Mamba, without and with a 4-tap short conv, on ATR",
             "atr",
-            {"model.architecture": ["mamba", "mamba3"], "model.short_conv": ["none", 4]},
-            (),
-            matrix="short conv",
+            ["mamba", "mamba3"],
+            (4,),
         ),
         Experiment(
             "state-tracking",
@@ -430,14 +443,14 @@ def _catalog() -> dict[str, Experiment]:
             fixed={"training.stop_at_accuracy": MATRIX_STOP_AT},
             matrix="task",
         ),
-        Experiment(
+        conv_experiment(
             "conv-switch",
             "Short convolution as a switch: every architecture without, with a 2- and a 4-tap "
             "short conv on AR",
             "ar",
-            {"model.architecture": conv_archs, "model.short_conv": ["none", 2, 4]},
+            conv_archs,
+            (2, 4),
             (),
-            matrix="short conv",
             accepts=switchable,
         ),
         Experiment(

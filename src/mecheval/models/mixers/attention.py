@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer, table1_constant
+from mecheval.models.mixers.options import check_divides
 
 
 class AttentionOptions(BaseModel):
@@ -23,10 +24,7 @@ class AttentionOptions(BaseModel):
 class Attention(Mixer):
     def __init__(self, d_model: int, options: AttentionOptions) -> None:
         super().__init__()
-        if d_model % options.num_heads:
-            raise ValueError(
-                f"model.d_model: {d_model} is not divisible by mixer.num_heads={options.num_heads}"
-            )
+        check_divides(d_model, "num_heads", options.num_heads)
         self.num_heads = options.num_heads
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=options.qkv_bias)
         self.out_proj = nn.Linear(d_model, d_model)

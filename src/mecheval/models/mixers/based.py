@@ -32,6 +32,7 @@ from torch import nn
 
 from mecheval.models.mixers.base import Mixer
 from mecheval.models.mixers.baseconv import BaseConv
+from mecheval.models.mixers.options import check_divides
 from mecheval.models.ops.linear_attention import (
     EPS,
     linear_attention_quadratic,
@@ -62,10 +63,7 @@ class BasedOptions(BaseModel):
 class BasedLinearAttention(Mixer):
     def __init__(self, d_model: int, feature_dim: int = 8, num_heads: int = 1) -> None:
         super().__init__()
-        if d_model % num_heads:
-            raise ValueError(
-                f"model.d_model: {d_model} is not divisible by mixer.num_heads={num_heads}"
-            )
+        check_divides(d_model, "num_heads", num_heads)
         self.feature_dim = feature_dim
         self.num_heads = num_heads
         self.head_dim = d_model // num_heads

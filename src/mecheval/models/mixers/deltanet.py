@@ -40,6 +40,7 @@ from torch import nn
 
 from mecheval.models.mixers.base import Mixer
 from mecheval.models.mixers.modules import optional_conv
+from mecheval.models.mixers.options import check_divides, chunk_size_field, neg_eigval_field
 from mecheval.models.ops.delta_rule import delta_rule_chunked, delta_rule_recurrent, l2_normalize
 
 
@@ -56,24 +57,16 @@ class DeltaNetOptions(BaseModel):
     conv_bias: bool = False
     output_norm: bool = Field(True, description="RMSNorm of each head's output before o_proj")
     norm_eps: float = Field(1e-5, gt=0.0)
-    chunk_size: int = Field(
-        64, ge=1, description="longest block of the chunked form (balanced; fla's chunks: 64)"
-    )
-    allow_neg_eigval: bool = Field(
-        False,
-        description="β = 2 sigmoid(·) in (0, 2): transition eigenvalue 1 - β in (-1, 1) "
-        "(fla's allow_neg_eigval; Grazzi et al., 2025)",
+    chunk_size: int = chunk_size_field()
+    allow_neg_eigval: bool = neg_eigval_field(
+        "β = 2 sigmoid(·) in (0, 2): transition eigenvalue 1 - β in (-1, 1), as fla's"
     )
 
 
 class DeltaNet(Mixer):
     def __init__(self, d_model: int, options: DeltaNetOptions) -> None:
         super().__init__()
-        if d_model % options.num_heads:
-            raise ValueError(
-                f"model.d_model: {d_model} is not divisible by "
-                f"model.mixer.num_heads={options.num_heads}"
-            )
+        check_divides(d_model, "num_heads", options.num_heads)
         self.options = options
         self.num_heads = options.num_heads
         self.head_dim = d_model // options.num_heads

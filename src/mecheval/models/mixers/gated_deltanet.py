@@ -45,6 +45,7 @@ from torch import nn
 
 from mecheval.models.mixers.base import Mixer
 from mecheval.models.mixers.modules import GatedRMSNorm, optional_conv
+from mecheval.models.mixers.options import check_divides, chunk_size_field, neg_eigval_field
 from mecheval.models.ops.delta_rule import l2_normalize
 from mecheval.models.ops.gated_delta_rule import (
     gated_delta_rule_chunked,
@@ -68,13 +69,10 @@ class GatedDeltaNetOptions(BaseModel):
     )
     conv_bias: bool = False
     norm_eps: float = Field(1e-5, gt=0.0)
-    chunk_size: int = Field(
-        64, ge=1, description="longest block of the chunked form (blocks are balanced)"
-    )
-    allow_neg_eigval: bool = Field(
-        False,
-        description="β = 2 sigmoid(·) in (0, 2): eigenvalue exp(g) (1 - β) along k in "
-        "(-exp(g), exp(g)) (fla's allow_neg_eigval; Grazzi et al., 2025)",
+    chunk_size: int = chunk_size_field()
+    allow_neg_eigval: bool = neg_eigval_field(
+        "β = 2 sigmoid(·) in (0, 2): eigenvalue exp(g) (1 - β) along k in (-exp(g), exp(g)), "
+        "as fla's"
     )
 
 
@@ -83,11 +81,8 @@ class GatedDeltaNet(Mixer):
         super().__init__()
         o = options
         heads = o.num_heads
-        if o.head_dim is None and d_model % heads:
-            raise ValueError(
-                f"model.mixer.num_heads: {heads} does not divide model.d_model={d_model} "
-                "(or set model.mixer.head_dim)"
-            )
+        if o.head_dim is None:
+            check_divides(d_model, "num_heads", heads, " (or set model.mixer.head_dim)")
         head_k = o.head_dim or d_model // heads
         head_v = head_k * o.expand_v
         if not math.isclose(head_v, round(head_v)) or round(head_v) < 1:

@@ -48,6 +48,7 @@ from torch import nn
 from mecheval.models import native
 from mecheval.models.mixers.base import Mixer
 from mecheval.models.mixers.modules import ShortConv, gated_head_output
+from mecheval.models.mixers.options import chunk_size_field
 from mecheval.models.ops.gla import gla_chunked, gla_recurrent
 
 #: :func:`gla_recurrent` from a zero state in a training step, by ``csrc/gla.c``
@@ -76,9 +77,7 @@ class GLAOptions(BaseModel):
     )
     conv_bias: bool = Field(False, description="bias of the short convs (fla: False)")
     norm_eps: float = Field(1e-5, gt=0.0, le=1.0, description="eps of the output RMSNorm")
-    chunk_size: int = Field(
-        16, ge=1, le=4096, description="longest block of the chunked form (blocks are balanced)"
-    )
+    chunk_size: int = chunk_size_field(16, le=4096)
 
 
 class GLA(Mixer):

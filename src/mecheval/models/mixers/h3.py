@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer, index_states, table1_constant, with_history
+from mecheval.models.mixers.options import check_divides
 from mecheval.models.mixers.ssm import DiagSSMKernel, ShiftSSM
 from mecheval.models.ops.h3 import head_outer, head_readout
 from mecheval.models.ops.long_conv import causal_long_conv
@@ -79,10 +80,7 @@ class H3Options(BaseModel):
 class H3(Mixer):
     def __init__(self, d_model: int, options: H3Options) -> None:
         super().__init__()
-        if d_model % options.head_dim:
-            raise ValueError(
-                f"model.mixer.head_dim: {options.head_dim} does not divide model.d_model={d_model}"
-            )
+        check_divides(d_model, "head_dim", options.head_dim)
         if options.dt_min > options.dt_max:
             raise ValueError(f"model.mixer.dt_min: {options.dt_min} exceeds dt_max")
         self.l_max = options.l_max

@@ -34,6 +34,7 @@ from torch import nn
 
 from mecheval.models.mixers.base import Mixer
 from mecheval.models.mixers.modules import ShortConv
+from mecheval.models.mixers.options import SCALAR_NEG_EIGVAL, neg_eigval_field
 from mecheval.models.ops.selective_scan import scan_with_states, selective_scan
 
 
@@ -52,11 +53,7 @@ class MambaOptions(BaseModel):
     dt_max: float = Field(1e-1, gt=0.0)
     dt_init_floor: float = Field(1e-4, gt=0.0)
     dt_scale: float = Field(1.0, gt=0.0, description="scales dt_proj's weight init bound")
-    allow_neg_eigval: bool = Field(
-        False,
-        description="transition 2 exp(ΔA) - 1 in (-1, 1) instead of exp(ΔA) in (0, 1) "
-        "(Grazzi et al., 2025)",
-    )
+    allow_neg_eigval: bool = neg_eigval_field(SCALAR_NEG_EIGVAL)
 
     @model_validator(mode="after")
     def _dt_range(self) -> MambaOptions:

@@ -45,58 +45,29 @@ The SSD scan (models/ops/ssd.py) has two implementations: :func:`ssd_chunked`, t
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import Field, field_validator
 from torch import nn
 
 from mecheval.models.mixers.mamba import SelectiveSSM
 from mecheval.models.mixers.modules import GatedRMSNorm, ShortConv
+from mecheval.models.mixers.options import (
+    SCALAR_NEG_EIGVAL,
+    SSDHeadOptions,
+    neg_eigval_field,
+)
 from mecheval.models.ops.ssd import ssd_chunked, ssd_recurrent
 
-#: mamba_ssm's default head size, used wherever it divides d_inner
-REFERENCE_HEADDIM = 64
 
-
-def dt_max_above_min(cls: type, value: float, info: ValidationInfo) -> float:
-    """``dt_max``'s validator (Mamba-2 and Mamba-3): not below ``dt_min``."""
-    low = info.data.get("dt_min")
-    if low is not None and value < low:
-        raise ValueError(f"must not be below dt_min={low}")
-    return value
-
-
-class Mamba2Options(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    d_state: int = Field(64, ge=1, description="SSM state size N per head")
-    expand: int = Field(2, ge=1, description="d_inner = expand * d_model")
-    headdim: int | None = Field(
-        None, ge=1, description="channels per head; null = gcd(64, d_inner) (64 where it fits)"
-    )
-    ngroups: int = Field(1, ge=1, description="groups of heads sharing B and C")
+class Mamba2Options(SSDHeadOptions):
     d_conv: int | None = Field(
         4, ge=1, description="short conv kernel size over x, B, C; null removes the conv"
     )
-    conv_bias: bool = True
-    bias: bool = Field(False, description="bias of in_proj and out_proj")
     A_init_range: tuple[float, float] = Field(
         (1.0, 16.0), description="A = -U[lo, hi] per head at init (A_log = log U)"
     )
-    dt_min: float = Field(1e-3, gt=0.0, description="Δ init is log-uniform in [dt_min, dt_max]")
-    dt_max: float = Field(1e-1, gt=0.0)
-    dt_init_floor: float = Field(1e-4, gt=0.0)
-    norm_eps: float = Field(1e-5, gt=0.0, description="eps of the gated RMSNorm")
-    chunk_size: int = Field(
-        64, ge=1, description="longest block of the chunked SSD form (blocks are balanced)"
-    )
-    allow_neg_eigval: bool = Field(
-        False,
-        description="transition 2 exp(ΔA) - 1 in (-1, 1) instead of exp(ΔA) in (0, 1) "
-        "(Grazzi et al., 2025)",
-    )
+    allow_neg_eigval: bool = neg_eigval_field(SCALAR_NEG_EIGVAL)
 
     @field_validator("A_init_range")
     @classmethod
@@ -106,40 +77,28 @@ class Mamba2Options(BaseModel):
             raise ValueError(f"expected 0 < low <= high, got {list(value)}")
         return value
 
-    _dt_range = field_validator("dt_max")(dt_max_above_min)
 
+class SSDHeads(SelectiveSSM):
+    """What Mamba-2 and Mamba-3 share: heads of ``headdim`` channels over d_inner, groups of
+    heads sharing B and C, and one short conv over x, B and C together (``conv_dim``)."""
 
-def default_headdim(d_inner: int) -> int:
-    return math.gcd(REFERENCE_HEADDIM, d_inner)
-
-
-def head_layout(d_inner: int, headdim: int | None, ngroups: int) -> tuple[int, int]:
-    """(head dimension, heads) of ``d_inner`` channels: ``headdim`` or the default, which must
-    divide it into heads that ``ngroups`` groups of B and C divide (Mamba-2 and Mamba-3)."""
-    headdim = headdim or default_headdim(d_inner)
-    if d_inner % headdim:
-        raise ValueError(
-            f"model.mixer.headdim: {headdim} does not divide d_inner = expand * d_model = {d_inner}"
-        )
-    nheads = d_inner // headdim
-    if nheads % ngroups:
-        raise ValueError(
-            f"model.mixer.ngroups: {ngroups} does not divide the {nheads} heads "
-            f"(d_inner {d_inner} / headdim {headdim})"
-        )
-    return headdim, nheads
-
-
-class Mamba2(SelectiveSSM):
-    def __init__(self, d_model: int, options: Mamba2Options) -> None:
+    def __init__(self, d_model: int, options: SSDHeadOptions) -> None:
         super().__init__()
+        self.options = options
+        self.d_inner, self.headdim, self.nheads = options.heads(d_model)
+        self.ngroups, self.d_state = options.ngroups, options.d_state
+        self.conv_dim = self.d_inner + 2 * options.ngroups * options.d_state
+
+    def split_xbc(self, xbc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[batch, T, conv_dim] -> x [batch, T, d_inner], B and C [batch, T, G * N]."""
+        groups_state = self.ngroups * self.d_state
+        return xbc.split([self.d_inner, groups_state, groups_state], dim=-1)
+
+
+class Mamba2(SSDHeads):
+    def __init__(self, d_model: int, options: Mamba2Options) -> None:
+        super().__init__(d_model, options)
         o = options
-        self.options = o
-        self.d_inner = o.expand * d_model
-        self.headdim, self.nheads = head_layout(self.d_inner, o.headdim, o.ngroups)
-        self.ngroups = o.ngroups
-        self.d_state = o.d_state
-        self.conv_dim = self.d_inner + 2 * o.ngroups * o.d_state
 
         # Order as the reference: [z, x, B, C, dt].
         self.in_proj = nn.Linear(d_model, self.d_inner + self.conv_dim + self.nheads, bias=o.bias)
@@ -170,9 +129,7 @@ class Mamba2(SelectiveSSM):
         z, xbc, dt = self.in_proj(u).split([self.d_inner, self.conv_dim, self.nheads], dim=-1)
         if self.has_conv:
             xbc = self.conv(xbc)
-        xbc = F.silu(xbc)
-        groups_state = self.ngroups * self.d_state
-        x, b, c = xbc.split([self.d_inner, groups_state, groups_state], dim=-1)
+        x, b, c = self.split_xbc(F.silu(xbc))
         x = x.view(batch, length, self.nheads, self.headdim)
         b = b.view(batch, length, self.ngroups, self.d_state)
         c = c.view(batch, length, self.ngroups, self.d_state)

@@ -35,39 +35,26 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from torch import nn
 
-from mecheval.models.mixers.mamba import SelectiveSSM
-from mecheval.models.mixers.mamba2 import dt_max_above_min, head_layout
+from mecheval.models.mixers.mamba2 import SSDHeads
 from mecheval.models.mixers.modules import GatedRMSNorm, ShortConv
+from mecheval.models.mixers.options import SSDHeadOptions
 from mecheval.models.ops.mamba3 import Mamba3State, mamba3_chunked, mamba3_recurrent
 
 
-class Mamba3Options(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class Mamba3Options(SSDHeadOptions):
     d_state: int = Field(64, ge=2, description="SSM state size N per head")
-    expand: int = Field(2, ge=1, description="d_inner = expand * d_model")
-    headdim: int | None = Field(
-        None, ge=1, description="channels per head; null = gcd(64, d_inner) (64 where it fits)"
-    )
-    ngroups: int = Field(1, ge=1, description="groups of heads sharing B and C")
     rope_fraction: Literal[0.5, 1.0] = Field(
         0.5, validate_default=True, description="share of the state RoPE turns"
     )
     d_conv: int | None = Field(
         None, ge=1, description="short conv over x, B, C; null (default): none, as the reference"
     )
-    conv_bias: bool = True
-    bias: bool = Field(False, description="bias of in_proj and out_proj")
-    dt_min: float = Field(1e-3, gt=0.0, description="Δ init is log-uniform in [dt_min, dt_max]")
-    dt_max: float = Field(1e-1, gt=0.0)
-    dt_init_floor: float = Field(1e-4, gt=0.0)
     A_floor: float = Field(1e-4, gt=0.0, description="A <= -A_floor: every step decays")
     outproj_norm: bool = Field(False, description="gated RMSNorm per head before out_proj")
     norm_eps: float = Field(1e-5, gt=0.0, description="eps of the B, C and output norms")
-    chunk_size: int = Field(64, ge=1, description="longest block of the chunked form")
 
     @field_validator("rope_fraction")
     @classmethod
@@ -77,19 +64,12 @@ class Mamba3Options(BaseModel):
             raise ValueError(f"{value} of d_state={d_state} turns no pair of the state")
         return value
 
-    _dt_range = field_validator("dt_max")(dt_max_above_min)
 
-
-class Mamba3(SelectiveSSM):
+class Mamba3(SSDHeads):
     def __init__(self, d_model: int, options: Mamba3Options) -> None:
-        super().__init__()
+        super().__init__(d_model, options)
         o = options
-        self.options = o
-        self.d_inner = o.expand * d_model
-        self.headdim, self.nheads = head_layout(self.d_inner, o.headdim, o.ngroups)
-        self.ngroups, self.d_state = o.ngroups, o.d_state
         self.n_angles = int(o.d_state * o.rope_fraction) // 2
-        self.conv_dim = self.d_inner + 2 * o.ngroups * o.d_state
 
         # Order as the reference: [z, x, B, C, dt, A, trap, angles].
         self.splits = [self.d_inner, self.conv_dim, *[self.nheads] * 3, self.n_angles]
@@ -124,8 +104,7 @@ class Mamba3(SelectiveSSM):
         z, xbc, dt, a, trap, theta = self.in_proj(u).split(self.splits, dim=-1)
         if self.has_conv:
             xbc = self.conv(xbc)
-        groups_state = self.ngroups * self.d_state
-        x, b, c = xbc.split([self.d_inner, groups_state, groups_state], dim=-1)
+        x, b, c = self.split_xbc(xbc)
         per_group = self.nheads // self.ngroups
         b = self.B_norm(b.unflatten(-1, (self.ngroups, self.d_state)))
         c = self.C_norm(c.unflatten(-1, (self.ngroups, self.d_state)))

@@ -42,6 +42,7 @@ from torch import nn
 
 from mecheval.models.mixers.base import Mixer
 from mecheval.models.mixers.modules import gated_head_output
+from mecheval.models.mixers.options import check_divides
 from mecheval.models.ops.retention import retention_decays, retention_parallel, retention_recurrent
 
 
@@ -70,10 +71,7 @@ class RetNet(Mixer):
     def __init__(self, d_model: int, options: RetNetOptions) -> None:
         super().__init__()
         o = options
-        if d_model % o.num_heads:
-            raise ValueError(
-                f"model.mixer.num_heads: {o.num_heads} does not divide model.d_model={d_model}"
-            )
+        check_divides(d_model, "num_heads", o.num_heads)
         self.options = o
         self.num_heads = o.num_heads
         self.key_dim = d_model * o.expand_k

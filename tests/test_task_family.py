@@ -287,3 +287,21 @@ def test_the_ar_family_trains_with_ars_recipe() -> None:
             assert quick == preset("quick", "ar", arch)["training"]["lr"], (kind, arch)
     assert any(preset("quick", "ar", a)["training"]["lr"] != 1e-3 for a in ARCHITECTURES)
     assert get_task("atr").paper_lrs != ar.paper_lrs  # ATR keeps its own (§5)
+
+
+def test_quick_epochs_per_architecture_apply_to_their_task_kind_only() -> None:
+    """Mamba trains AR two epochs at quick; the rest of AR's family keeps each task's own
+    quick epochs for Mamba too, and every other architecture keeps AR's."""
+    from mecheval.models.registry import ARCHITECTURES
+    from mecheval.training.presets import QUICK_EPOCHS, preset
+
+    assert QUICK_EPOCHS["ar"] == {"mamba": 2}
+    ar = get_task("ar")
+    assert preset("quick", "ar", "mamba")["training"]["epochs"] == 2 != ar.quick_epochs
+    for arch in ARCHITECTURES:
+        if arch != "mamba":
+            assert preset("quick", "ar", arch)["training"]["epochs"] == ar.quick_epochs, arch
+    for kind in ("noisy_ar", "overwrite_ar", "mqar", "compositional_mqar", "atr"):
+        epochs = preset("quick", kind, "mamba")["training"]["epochs"]
+        assert epochs == get_task(kind).quick_epochs, kind
+    assert preset("paper", "ar", "mamba")["training"]["epochs"] == ar.default_epochs

@@ -37,17 +37,11 @@ def list_models(
         for d in WIDTHS:
             t.add_column(f"d={d}", justify="right")
     site_lists = {}
+    shape = {"n_layers": n_layers, "vocab_size": vocab_size, "max_len": max_len}
     for name in available_architectures():
         row, state_row = [name], [name]
         for d in WIDTHS:
-            cfg = ModelConfig(
-                architecture=name,
-                d_model=d,
-                n_layers=n_layers,
-                vocab_size=vocab_size,
-                max_len=max_len,
-            )
-            model = build_model(cfg)
+            model = build_model(ModelConfig(architecture=name, d_model=d, **shape))
             row.append(f"{count_parameters(model):,}")
             size = state_size(model, max_len)
             state_row.append("—" if size is None else f"{size:,}")

@@ -358,6 +358,27 @@ def test_a_grade_reads_correlation_recall_error_and_labels() -> None:
         grade("x", truth, result_with({("a", "key"): 0.1}))
 
 
+def test_a_grades_spearman_is_scipys_and_needs_no_scipy(monkeypatch) -> None:
+    """Spearman's rho with tied cells equals scipy's, and grading runs where scipy cannot be
+    imported (it is a dev extra only: a plain install has none)."""
+    import sys
+
+    from mecheval.interventions import grade
+
+    gen = torch.Generator().manual_seed(0)
+    exact = {(f"s{i}", "key"): round(float(torch.rand(1, generator=gen)), 1) for i in range(12)}
+    guess = {cell: round(float(torch.rand(1, generator=gen)), 1) for cell in exact}
+    assert len(set(exact.values())) < len(exact)  # ties, which rho averages
+    stats = pytest.importorskip("scipy.stats")
+    expected = stats.spearmanr(list(exact.values()), list(guess.values())).statistic
+    for name in [m for m in sys.modules if m == "scipy" or m.startswith("scipy.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # importing it now raises ImportError
+    with pytest.raises(ImportError):
+        from scipy.stats import spearmanr  # noqa: F401
+    graded = grade("x", result_with(exact), result_with(guess))
+    assert graded.spearman == pytest.approx(expected, abs=1e-12)
+
+
 def test_intervene_with_a_method_writes_its_table_and_grade(tmp_path, monkeypatch, capsys) -> None:
     import json
 

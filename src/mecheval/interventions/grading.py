@@ -90,4 +90,8 @@ def _correlation(a: pd.Series, b: pd.Series, method: str) -> float:
     """NaN where either side is constant (or fewer than two cells): no correlation to read."""
     if len(a) < 2 or a.nunique() < 2 or b.nunique() < 2:
         return math.nan
-    return float(a.corr(b, method=method))
+    if method == "spearman":
+        # Spearman's rho is Pearson's r of the ranks, ties averaged (as scipy computes it);
+        # pandas' own method="spearman" imports scipy, which is not a dependency.
+        a, b = a.rank(), b.rank()
+    return float(a.corr(b))

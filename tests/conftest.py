@@ -1,5 +1,12 @@
+import os
+
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # Triton kernels (models/ops/*_triton.py) run under Triton's interpreter on the CPU; the
+    # flag must be set before triton is first imported, which is why it is set here.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True)

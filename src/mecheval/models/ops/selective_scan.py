@@ -2,16 +2,20 @@
 
 :func:`selective_scan_reference` is the recurrence written out step by step, the form the
 tests hold the others to; :func:`selective_scan` is what the module runs: in a CPU training
-step the scan in C (``csrc/selective_scan.c`` through models/native.py), otherwise a PyTorch
-form with a written-out adjoint.
+step the scan in C (``csrc/selective_scan.c`` through models/native.py), in a CUDA training
+step two Triton kernels (selective_scan_triton.py), otherwise a PyTorch form with a
+written-out adjoint.
 
 ``neg_eigval`` (Grazzi et al., 2025, "Unlocking State-Tracking in Linear RNNs Through Negative
 Eigenvalues") widens the transition from exp(Δ_t A) ∈ (0, 1) to 2 exp(Δ_t A) - 1 ∈ (-1, 1);
 the drive Δ_t B_t x_t is unchanged. The C and fused CUDA kernels compute exp(Δ_t A) only, so
-with it the PyTorch form runs (its adjoint takes the widened transition).
+with it the Triton or the PyTorch form runs (both adjoints take the widened transition).
 """
 
 from __future__ import annotations
+
+import importlib.util
+import os
 
 import torch
 
@@ -25,6 +29,28 @@ _NativeScan = native.autograd_function(
     sizes=lambda x, delta, A, B, C: (*x.shape, A.shape[1]),
     output=lambda x, *_: torch.empty_like(x),
 )
+
+
+#: Devices whose training steps run :mod:`~mecheval.models.ops.selective_scan_triton`'s
+#: kernels (the tests add "cpu", where Triton's interpreter runs them).
+TRITON_DEVICES = ("cuda",)
+
+
+def triton_for_training(*tensors: torch.Tensor) -> bool:
+    """Whether a training step runs the scan as Triton kernels: float32 tensors on a device of
+    :data:`TRITON_DEVICES`, one of them needing a gradient, Triton installed and not turned off
+    (``MECHEVAL_TRITON=0``), outside torch.compile. Evaluation and interventions (no gradient)
+    run the PyTorch form, as on the CPU."""
+    first = tensors[0]
+    return (
+        first.device.type in TRITON_DEVICES
+        and all(t.dtype == torch.float32 and t.device == first.device for t in tensors)
+        and torch.is_grad_enabled()
+        and any(t.requires_grad for t in tensors)
+        and not torch.compiler.is_compiling()
+        and os.environ.get("MECHEVAL_TRITON", "1") != "0"
+        and importlib.util.find_spec("triton") is not None
+    )
 
 
 def selective_scan_reference(
@@ -79,7 +105,7 @@ def selective_scan(
     scan's traffic.
 
     With ``neg_eigval`` the fused CUDA kernel and the C kernel, which compute exp(Δ_t A) only,
-    are skipped: the PyTorch form below runs, on every device.
+    are skipped: the Triton kernels (CUDA training) or the PyTorch form below run.
     """
     if not neg_eigval:
         fused = kernels.selective_scan(x, delta, A, B, C, D)
@@ -87,6 +113,10 @@ def selective_scan(
             return fused
         if native.for_training("selective_scan", x, delta, A, B, C) is not None:
             return _NativeScan.apply(*(t.contiguous() for t in (x, delta, A, B, C))) + x * D
+    if triton_for_training(x, delta, A, B, C):
+        from mecheval.models.ops.selective_scan_triton import selective_scan_triton
+
+        return selective_scan_triton(x, delta, A, B, C, neg_eigval) + x * D
     xt = x.transpose(0, 1)
     dt = delta.transpose(0, 1).contiguous()
     u = (dt * xt).contiguous()

@@ -197,7 +197,7 @@ def main() -> None:
     parser.add_argument("--lrs", type=int, default=5, help="runs per (architecture, width)")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive baseline")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=None, help="ways to time")
-    parser.add_argument("--flops", action="store_true", help="matrix FLOPs and % of a matmul")
+    parser.add_argument("--flops", action="store_true", help="matrix FLOPs and %% of a matmul")
     parser.add_argument(
         "--memory", action="store_true", help="each way in its own process, with its peak memory"
     )

@@ -26,6 +26,7 @@ from test_training_group import assert_stack_equals_one_by_one  # noqa: E402
 from test_training_group import spy as spy  # noqa: E402 - the fixture
 
 from mecheval.models.ops import selective_scan as scan_module  # noqa: E402
+from mecheval.models.ops import triton_path  # noqa: E402
 from mecheval.models.ops.selective_scan import selective_scan_reference  # noqa: E402
 from mecheval.tasks import build_datasets  # noqa: E402
 from mecheval.training import resolve  # noqa: E402
@@ -106,10 +107,10 @@ def test_training_runs_it_only_where_a_gradient_is_wanted(monkeypatch) -> None:
         t.requires_grad_() for t in scan_inputs(2, length=5, channels=4, n_state=3)
     )
     skip = torch.ones(4, device=DEVICE)
-    monkeypatch.setattr(scan_module, "TRITON_DEVICES", ("cuda",))
+    monkeypatch.setattr(triton_path, "TRITON_DEVICES", ("cuda",))
     scan_module.selective_scan(x, delta, A, B, C, skip)
     assert calls == ([1] if DEVICE == "cuda" else [])
-    monkeypatch.setattr(scan_module, "TRITON_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(triton_path, "TRITON_DEVICES", ("cuda", "cpu"))
     monkeypatch.setenv("MECHEVAL_NATIVE", "0")  # on the CPU the C kernel comes first
     calls.clear()
     with torch.no_grad():
@@ -137,7 +138,7 @@ def test_a_mamba_stack_through_the_kernels_equals_one_by_one(
     monkeypatch.setattr(
         triton_scan, "scan_forward", lambda *a: groups.append(a[0].shape[0]) or real(*a)
     )
-    monkeypatch.setattr(scan_module, "TRITON_DEVICES", (DEVICE,))
+    monkeypatch.setattr(triton_path, "TRITON_DEVICES", (DEVICE,))
     monkeypatch.setenv("MECHEVAL_NATIVE", "0")  # on the CPU the C kernel comes first
     data = build_datasets(resolve(config()).task)
     assert_stack_equals_one_by_one(tmp_path, data, "mamba", DEVICE, spy)

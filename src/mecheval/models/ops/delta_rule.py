@@ -12,6 +12,7 @@ import torch
 
 from mecheval.models.ops.decay import balanced_chunks, pad_steps
 from mecheval.models.ops.steps import run_steps
+from mecheval.models.ops.triton_path import triton_for_training
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -118,8 +119,13 @@ def delta_rule_chunked(
     a unit lower-triangular system (the UT transform of the WY representation), solved for
     every chunk at once. Outputs are O = Q S_0ᵀ + causal(Q Kᵀ) U and the next chunk starts
     from S_0 + Uᵀ K; only this cheap hand-over between chunks stays sequential. ``initial``
-    [B, H, d_v, d_k]: the state before the first step (zeros if None).
+    [B, H, d_v, d_k]: the state before the first step (zeros if None). A CUDA training step
+    from zeros may run the Triton kernels instead (models/ops/triton_path.py).
     """
+    if initial is None and triton_for_training("delta_rule", q, k, v, beta):
+        from mecheval.models.ops.delta_rule_triton import delta_rule_triton
+
+        return delta_rule_triton(q, k, v, beta)
     b, h, length, d_k = k.shape
     d_v = v.shape[-1]
     n, c = balanced_chunks(length, chunk_size)

@@ -13,6 +13,7 @@ import torch
 from mecheval.models.ops.decay import balanced_chunks, pad_steps, segment_sums
 from mecheval.models.ops.delta_rule import delta_update, read_state, unit_lower_inverse
 from mecheval.models.ops.steps import run_steps
+from mecheval.models.ops.triton_path import triton_for_training
 
 
 def gated_delta_rule_recurrent(
@@ -68,8 +69,13 @@ def gated_delta_rule_chunked(
     Every exponent is a sum of g over a span
     (:func:`~mecheval.models.ops.decay.segment_sums`, each span summed on its own rather
     than as a difference of running sums), so ≤ 0: nothing overflows, and entries above the
-    diagonal are -inf before the exp (gradients 0).
+    diagonal are -inf before the exp (gradients 0). A CUDA training step may run the Triton
+    kernels instead (models/ops/triton_path.py).
     """
+    if triton_for_training("delta_rule", q, k, v, beta, g):
+        from mecheval.models.ops.delta_rule_triton import delta_rule_triton
+
+        return delta_rule_triton(q, k, v, beta, g)
     b, h, length, d_k = k.shape
     d_v = v.shape[-1]
     n, c = balanced_chunks(length, chunk_size)

@@ -14,12 +14,10 @@ with it the Triton or the PyTorch form runs (both adjoints take the widened tran
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import torch
 
 from mecheval.models import kernels, native
+from mecheval.models.ops.triton_path import triton_for_training
 
 #: The selective scan without D (x, delta [batch, T, D]; A [D, N]; B, C [batch, T, N], all
 #: contiguous) by ``csrc/selective_scan.c``: the forward keeps nothing but its inputs, the
@@ -29,28 +27,6 @@ _NativeScan = native.autograd_function(
     sizes=lambda x, delta, A, B, C: (*x.shape, A.shape[1]),
     output=lambda x, *_: torch.empty_like(x),
 )
-
-
-#: Devices whose training steps run :mod:`~mecheval.models.ops.selective_scan_triton`'s
-#: kernels (the tests add "cpu", where Triton's interpreter runs them).
-TRITON_DEVICES = ("cuda",)
-
-
-def triton_for_training(*tensors: torch.Tensor) -> bool:
-    """Whether a training step runs the scan as Triton kernels: float32 tensors on a device of
-    :data:`TRITON_DEVICES`, one of them needing a gradient, Triton installed and not turned off
-    (``MECHEVAL_TRITON=0``), outside torch.compile. Evaluation and interventions (no gradient)
-    run the PyTorch form, as on the CPU."""
-    first = tensors[0]
-    return (
-        first.device.type in TRITON_DEVICES
-        and all(t.dtype == torch.float32 and t.device == first.device for t in tensors)
-        and torch.is_grad_enabled()
-        and any(t.requires_grad for t in tensors)
-        and not torch.compiler.is_compiling()
-        and os.environ.get("MECHEVAL_TRITON", "1") != "0"
-        and importlib.util.find_spec("triton") is not None
-    )
 
 
 def selective_scan_reference(
@@ -113,7 +89,7 @@ def selective_scan(
             return fused
         if native.for_training("selective_scan", x, delta, A, B, C) is not None:
             return _NativeScan.apply(*(t.contiguous() for t in (x, delta, A, B, C))) + x * D
-    if triton_for_training(x, delta, A, B, C):
+    if triton_for_training("selective_scan", x, delta, A, B, C):
         from mecheval.models.ops.selective_scan_triton import selective_scan_triton
 
         return selective_scan_triton(x, delta, A, B, C, neg_eigval) + x * D

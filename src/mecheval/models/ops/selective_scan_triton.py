@@ -13,10 +13,11 @@ is :class:`~mecheval.models.ops.selective_scan._SelectiveScan`'s adjoint; the fo
 every state for it.
 
 Stacks of runs: both kernels take a leading *group* dimension (one per stacked model, each
-with its own A), and both are ``torch.library`` custom ops with a vmap rule that folds the
-vmapped dimension into it, so ``vmap(grad_and_value(...))`` (training/group_trainer.py) runs
-one launch for the whole stack. Triton also runs these kernels on the CPU under
-``TRITON_INTERPRET=1``, which is how the tests without a GPU hold them to the reference.
+with its own A), and each runs inside an autograd.Function whose vmap rule folds the vmapped
+dimension into it (:func:`~mecheval.models.ops.triton_path.fold`), so
+``vmap(grad_and_value(...))`` (training/group_trainer.py) runs one launch for the whole
+stack. Triton also runs these kernels on the CPU under ``TRITON_INTERPRET=1``, which is how
+the tests without a GPU hold them to the reference.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from mecheval.models.ops.triton_path import fold, unfold
 
 #: Channels per program: the state block [BLOCK_D, N] stays in registers.
 BLOCK_D = 32
@@ -154,16 +157,6 @@ def scan_backward(
     return dx, ddt, dA, db_parts.sum(0).view(B.shape), dc_parts.sum(0).view(C.shape)
 
 
-def _fold(batch_size: int, tensor: torch.Tensor, dim: int | None) -> torch.Tensor:
-    """A vmapped tensor's batch dimension merged into its leading (group) dimension."""
-    tensor = tensor.movedim(dim, 0) if dim is not None else tensor.expand(batch_size, *tensor.shape)
-    return tensor.flatten(0, 1)
-
-
-def _unfold(batch_size: int, tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.unflatten(0, (batch_size, -1))
-
-
 class _Scan(torch.autograd.Function):
     """:func:`scan_forward` with :func:`scan_backward` as its gradient. Its vmap rule folds a
     stack of runs into the groups, so a vmapped step launches each kernel once."""
@@ -188,9 +181,9 @@ class _Scan(torch.autograd.Function):
     @staticmethod
     def vmap(info, in_dims, x, dt, A, B, C, neg_eigval):  # type: ignore[override]
         k = info.batch_size
-        folded = (_fold(k, t, dim) for t, dim in zip((x, dt, A, B, C), in_dims[:5], strict=True))
+        folded = (fold(k, t, dim) for t, dim in zip((x, dt, A, B, C), in_dims[:5], strict=True))
         y, states = _Scan.apply(*folded, neg_eigval)
-        return (_unfold(k, y), _unfold(k, states)), (0, 0)
+        return (unfold(k, y), unfold(k, states)), (0, 0)
 
 
 class _ScanGrad(torch.autograd.Function):
@@ -212,9 +205,9 @@ class _ScanGrad(torch.autograd.Function):
     def vmap(info, in_dims, x, dt, A, B, C, states, dy, neg_eigval):  # type: ignore[override]
         k = info.batch_size
         tensors = (x, dt, A, B, C, states, dy)
-        folded = (_fold(k, t, dim) for t, dim in zip(tensors, in_dims[:7], strict=True))
+        folded = (fold(k, t, dim) for t, dim in zip(tensors, in_dims[:7], strict=True))
         grads = _ScanGrad.apply(*folded, neg_eigval)
-        return tuple(_unfold(k, g) for g in grads), (0,) * 5
+        return tuple(unfold(k, g) for g in grads), (0,) * 5
 
 
 def selective_scan_triton(

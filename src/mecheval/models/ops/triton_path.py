@@ -1,0 +1,50 @@
+"""When a training step runs a recurrence's Triton kernels (the ``*_triton.py`` files beside
+their references): the one test every recurrence's dispatch asks."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+#: Devices whose training steps run the Triton kernels (the tests add "cpu", where Triton's
+#: interpreter runs them).
+TRITON_DEVICES = ("cuda",)
+
+#: The kernels a CUDA training step runs unless ``MECHEVAL_TRITON=0``: those measured on a card
+#: (docs/performance.md). The others run only with ``MECHEVAL_TRITON=all`` until a card has
+#: run them: ``delta_rule`` (DeltaNet and Gated DeltaNet, models/ops/delta_rule_triton.py).
+ON_BY_DEFAULT = ("selective_scan",)
+
+
+def triton_for_training(kernel: str, *tensors: torch.Tensor) -> bool:
+    """Whether a training step runs ``kernel`` (a recurrence) as Triton kernels: float32 tensors
+    on a device of :data:`TRITON_DEVICES`, one of them needing a gradient, Triton installed,
+    the kernel switched on (``MECHEVAL_TRITON``: unset for :data:`ON_BY_DEFAULT`, ``all`` for
+    every kernel, ``0`` for none), outside torch.compile. Evaluation and interventions (no
+    gradient) run the PyTorch forms, as on the CPU."""
+    first = tensors[0]
+    switch = os.environ.get("MECHEVAL_TRITON", "1")
+    return (
+        (switch == "all" or (switch != "0" and kernel in ON_BY_DEFAULT))
+        and first.device.type in TRITON_DEVICES
+        and all(t.dtype == torch.float32 and t.device == first.device for t in tensors)
+        and torch.is_grad_enabled()
+        and any(t.requires_grad for t in tensors)
+        and not torch.compiler.is_compiling()
+        and importlib.util.find_spec("triton") is not None
+    )
+
+
+def fold(batch_size: int, tensor: torch.Tensor, dim: int | None) -> torch.Tensor:
+    """A vmapped tensor (physical, ``dim`` its vmapped dimension, None: not vmapped) with that
+    dimension merged into its leading one: how a kernel's vmap rule hands a stack of runs to
+    a kernel that takes a leading batch or group dimension."""
+    tensor = tensor.movedim(dim, 0) if dim is not None else tensor.expand(batch_size, *tensor.shape)
+    return tensor.flatten(0, 1)
+
+
+def unfold(batch_size: int, tensor: torch.Tensor) -> torch.Tensor:
+    """:func:`fold`'s inverse on a kernel's output: the vmapped dimension first again."""
+    return tensor.unflatten(0, (batch_size, -1))

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mecheval.models.ops.triton_path import fold, unfold
+from mecheval.models.ops.triton_path import KernelGradient, fold, unfold
 
 
 @triton.jit
@@ -173,20 +173,12 @@ class _Rule(torch.autograd.Function):
         return (unfold(n, o), unfold(n, states)), (0, 0)
 
 
-class _RuleGrad(torch.autograd.Function):
+class _RuleGrad(KernelGradient):
     """:func:`rule_backward` as a function torch.func can vmap (not differentiable again)."""
 
     @staticmethod
     def forward(q, k, v, beta, g, states, do):  # type: ignore[override]
         return rule_backward(q, k, v, beta, g, states, do)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
-        pass
-
-    @staticmethod
-    def backward(ctx, *grads):  # type: ignore[override]
-        raise RuntimeError("the Triton delta rule has no second derivative")
 
     @staticmethod
     def vmap(info, in_dims, q, k, v, beta, g, states, do):  # type: ignore[override]

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mecheval.models.ops.triton_path import fold, unfold
+from mecheval.models.ops.triton_path import KernelGradient, fold, unfold
 
 #: Channels per program: the state block [BLOCK_D, N] stays in registers.
 BLOCK_D = 32
@@ -186,20 +186,12 @@ class _Scan(torch.autograd.Function):
         return (unfold(k, y), unfold(k, states)), (0, 0)
 
 
-class _ScanGrad(torch.autograd.Function):
+class _ScanGrad(KernelGradient):
     """:func:`scan_backward` as a function torch.func can vmap (not differentiable again)."""
 
     @staticmethod
     def forward(x, dt, A, B, C, states, dy, neg_eigval):  # type: ignore[override]
         return scan_backward(x, dt, A, B, C, states, dy, neg_eigval)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
-        pass
-
-    @staticmethod
-    def backward(ctx, *grads):  # type: ignore[override]
-        raise RuntimeError("the Triton selective scan has no second derivative")
 
     @staticmethod
     def vmap(info, in_dims, x, dt, A, B, C, states, dy, neg_eigval):  # type: ignore[override]

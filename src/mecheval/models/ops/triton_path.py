@@ -48,3 +48,17 @@ def fold(batch_size: int, tensor: torch.Tensor, dim: int | None) -> torch.Tensor
 def unfold(batch_size: int, tensor: torch.Tensor) -> torch.Tensor:
     """:func:`fold`'s inverse on a kernel's output: the vmapped dimension first again."""
     return tensor.unflatten(0, (batch_size, -1))
+
+
+class KernelGradient(torch.autograd.Function):
+    """The base of a backward kernel's autograd.Function: called from a forward Function's
+    backward so that torch.func can vmap it (the subclass gives ``forward`` and ``vmap``), and
+    not differentiated again."""
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
+        pass
+
+    @staticmethod
+    def backward(ctx, *grads):  # type: ignore[override]
+        raise RuntimeError("the Triton kernels have no second derivative")

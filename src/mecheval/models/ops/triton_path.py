@@ -1,5 +1,6 @@
 """When a training step runs a recurrence's Triton kernels (the ``*_triton.py`` files beside
-their references): the one test every recurrence's dispatch asks."""
+their references), the switch every recurrence's dispatch asks; and what those kernel files
+share: the vmap folding of a stack of runs and the backward Functions' base."""
 
 from __future__ import annotations
 

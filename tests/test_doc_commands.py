@@ -41,7 +41,7 @@ NOT_RUN = {
     "mecheval sweep configs/sweep-example.yaml --backend ray --address auto": (
         "joins a running Ray cluster (--address auto); the tests run a local one"
     ),
-    "mecheval reproduce ar --preset paper --device cuda": "needs a CUDA GPU",
+    "mecheval reproduce ar --preset paper --device cuda --workers 7": "needs a CUDA GPU",
     "pip install -e '.[cuda]'": "needs a CUDA GPU and its toolkit",
     (
         "pytest -q tests/test_training_precision.py tests/test_training_group.py "

@@ -10,7 +10,13 @@ import typer
 
 from mecheval.errors import ConfigError
 
-Workers = Annotated[int, typer.Option(help="local worker processes (torch threads split)")]
+Workers = Annotated[
+    int,
+    typer.Option(
+        help="local worker processes (torch threads split); where every run trains on one GPU, "
+        "threads of this process that train their groups side by side on it"
+    ),
+]
 Backend = Annotated[str, typer.Option(help="local | ray")]
 Address = Annotated[str | None, typer.Option(help="Ray cluster address (default: start one)")]
 Out = Annotated[Path, typer.Option(help="folder that holds experiment folders")]

@@ -77,6 +77,16 @@ class RunProgress:
 SweepEvent = RunProgress | Outcome
 
 
+class CallbackSink:
+    """Where a worker in the sweep's own process sends its events: straight to the callback."""
+
+    def __init__(self, callback: Callable[[SweepEvent], None]) -> None:
+        self.callback = callback
+
+    def put(self, item: SweepEvent) -> None:
+        self.callback(item)
+
+
 def crash_text(err: BaseException) -> str:
     """``crashed: <type>: <message>`` in one line (a validation error as its field)."""
     from pydantic import ValidationError

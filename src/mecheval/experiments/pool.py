@@ -1,6 +1,7 @@
 """The local process pool a sweep runs its groups in (``--workers``), and how its workers
 stop: Ctrl-C and SIGTERM reach every worker, a running run records "crashed: interrupted"
 and resumes when the sweep runs again, and a worker whose sweep process is gone ends itself.
+Where every run trains on one GPU the workers are threads instead (side_by_side.py).
 """
 
 from __future__ import annotations
@@ -17,8 +18,16 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from contextlib import suppress
 from typing import Any
 
-from mecheval.experiments.jobs import Job, Outcome, SweepEvent, crash_text, execute_group
+from mecheval.experiments.jobs import (
+    CallbackSink,
+    Job,
+    Outcome,
+    SweepEvent,
+    crash_text,
+    execute_group,
+)
 from mecheval.experiments.scheduling import group_jobs, in_job_order, longest_first
+from mecheval.experiments.side_by_side import on_one_gpu, run_side_by_side
 from mecheval.training.run import Terminated, raise_interrupt, stop_on_sigterm
 
 
@@ -30,16 +39,19 @@ def run_local(
 ) -> list[Outcome]:
     groups = group_jobs(jobs, group_size)
     if workers <= 1:
-        sink = _CallbackSink(on_progress) if on_progress else None
+        sink = CallbackSink(on_progress) if on_progress else None
         with stop_on_sigterm():
             results = []
             for group in groups:
                 results.append(execute_group(group, sink))
                 _announce(results[-1], on_progress)
             return in_job_order(jobs, groups, results)
+    ordered = longest_first(groups) if len(groups) > workers else groups
+    if on_one_gpu(jobs):  # worker processes would take turns on the card: threads share it
+        with stop_on_sigterm():
+            return in_job_order(jobs, ordered, run_side_by_side(ordered, workers, on_progress))
     # spawn, not fork: forking a process whose torch thread pool is running can deadlock.
     context = multiprocessing.get_context("spawn")
-    ordered = longest_first(groups) if len(groups) > workers else groups
     # A plain queue handed to the workers as they start (no manager process to outlive us).
     sink = context.Queue() if on_progress else None
     with (
@@ -169,14 +181,6 @@ def _stop_workers(pool: ProcessPoolExecutor, err: KeyboardInterrupt) -> None:
         with suppress(ProcessLookupError):
             os.kill(process.pid, signum)
     pool.shutdown(wait=True, cancel_futures=True)
-
-
-class _CallbackSink:
-    def __init__(self, callback: Callable[[SweepEvent], None]) -> None:
-        self.callback = callback
-
-    def put(self, item: SweepEvent) -> None:
-        self.callback(item)
 
 
 def _drain(sink: Any, on_progress: Callable[[SweepEvent], None] | None) -> None:

@@ -36,6 +36,7 @@ from mecheval.training.stacked import (
     pad_stack,
 )
 from mecheval.training.trainer import Callback, Diverged, Trainer
+from mecheval.training.turns import pass_turn
 
 
 def query_loss(
@@ -389,6 +390,7 @@ class GroupTrainer:
                         self.reporter.evaluated(self.step, self.members[self.live[0]].last_results)
                 if save and self.live:
                     self.save_checkpoints(start)
+                pass_turn()  # stacks side by side on one GPU: the next one launches its step
             for j in range(len(self.live)):
                 self.sync(j)
         finally:

@@ -37,6 +37,7 @@ from mecheval.training.metrics import (
 from mecheval.training.precision import autocast, tf32
 from mecheval.training.reporter import NullReporter, Reporter
 from mecheval.training.schedule import make_scheduler
+from mecheval.training.turns import pass_turn
 
 #: ``(step, model, run_dir) -> None``, called after each evaluation (step 0 and the end
 #: included); how higher stages (e.g. interventions) hook into training without being imported.
@@ -318,6 +319,7 @@ class Trainer:
                         self.scheduler,
                         self.scalars(self.wall_time(start, clock)),
                     )
+                pass_turn()  # runs side by side on one GPU (training/turns.py)
         except Diverged:
             # Keep what was measured up to the divergence.
             self.metrics.flush()

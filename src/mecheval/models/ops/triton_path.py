@@ -13,9 +13,10 @@ import torch
 #: interpreter runs them).
 TRITON_DEVICES = ("cuda",)
 
-#: The kernels a CUDA training step runs unless ``MECHEVAL_TRITON=0``: those measured on a card
-#: (docs/performance.md). The others run only with ``MECHEVAL_TRITON=all`` until a card has
-#: run them: ``delta_rule`` (DeltaNet and Gated DeltaNet, models/ops/delta_rule_triton.py).
+#: The kernels a CUDA training step runs unless ``MECHEVAL_TRITON=0``: those that made it
+#: faster on a card (docs/performance.md). The others run only with ``MECHEVAL_TRITON=all``:
+#: ``delta_rule`` (DeltaNet and Gated DeltaNet, models/ops/delta_rule_triton.py), right on an
+#: H200 but no faster there than the chunked PyTorch form in a replayed stack.
 ON_BY_DEFAULT = ("selective_scan",)
 
 

@@ -108,7 +108,8 @@ def test_a_device_this_machine_lacks_is_one_line_and_nothing_is_written(
         args = ["sweep", str(tmp_path / "s.yaml"), "--out", str(out), "-q"]
         field = "training.device"
     elif command == "reproduce":
-        args = ["reproduce", "ar", "--preset", "tiny", "--device", device, "--out", str(out), "-q"]
+        # Without -q: the progress display must not start before the check.
+        args = ["reproduce", "ar", "--preset", "tiny", "--device", device, "--out", str(out)]
         field = "training.device"
     else:
         code, _, err = run_cli(monkeypatch, capsys, "train", "--preset", "tiny", "--out", str(out))

@@ -138,6 +138,30 @@ def test_groups_side_by_side_train_what_one_worker_trains_byte_for_byte(
     assert {e.name for e in events if not isinstance(e, RunProgress)} == {o.name for o in alone}
 
 
+def test_single_runs_side_by_side_hand_on_after_each_step_too(tmp_path, monkeypatch) -> None:
+    # Groups of one run train with the single-run Trainer, which hands the baton on as well.
+    spec = SweepSpec(
+        name="one", base=SPEC.base, grid={"model.architecture": ["attention", "mamba"]}
+    )
+    alone = runners.run_sweep(spec, tmp_path / "alone", group_size=1)
+    holders: list[str] = []
+    original = turns.Baton.pass_on
+
+    def pass_on(self):
+        holders.append(threading.current_thread().name)
+        return original(self)
+
+    monkeypatch.setattr(turns.Baton, "pass_on", pass_on)
+    jobs = runners.make_jobs(spec, tmp_path / "side", 2, None, False, None)
+    results = side_by_side.run_side_by_side(group_jobs(jobs, 1), 2)
+    assert [(o.name, o.state) for g in results for o in g] == [(o.name, "done") for o in alone]
+    assert _files(tmp_path / "alone", "model.safetensors") == _files(
+        tmp_path / "side", "model.safetensors"
+    )
+    # Each run's 24 steps hand on, then each thread once more after its group.
+    assert sorted(holders.count(name) for name in set(holders)) == [25, 25]
+
+
 def test_an_interrupt_stops_every_thread_with_its_runs_resumable(tmp_path, monkeypatch) -> None:
     from mecheval.training import group_trainer
 

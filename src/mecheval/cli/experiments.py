@@ -36,16 +36,19 @@ if TYPE_CHECKING:
 
 
 def _run(spec, out, workers, backend, address, retry_failed, plan, quiet, group_size, runtime):
-    from mecheval.experiments.runners import check_options, plan_runs, run_sweep
-    from mecheval.training.config import check_device
+    from mecheval.experiments.runners import (
+        check_options,
+        check_planned_devices,
+        plan_runs,
+        run_sweep,
+    )
 
     check_out(out)
     check_options(workers, backend)  # before the progress display's first line
     spec = spec.model_copy(update={"set": {**spec.set, **runtime}})
     planned = plan_runs(spec)
-    if backend == "local":  # a Ray cluster's devices are its workers'
-        for device in sorted({cfg.training.device for _, cfg in planned}):
-            check_device(device)  # before the progress display's first line too
+    if backend == "local":  # before the display's first line; a Ray cluster's are its workers'
+        check_planned_devices(planned)
     start = time.perf_counter()
     try:
         with sweep_display(len(planned), quiet) as display:

@@ -87,6 +87,13 @@ class CallbackSink:
         self.callback(item)
 
 
+def announce(outcomes: Sequence[Outcome], on_progress: Callable[[SweepEvent], None] | None) -> None:
+    """Each run's outcome to the display as soon as its group is over, not at the sweep's end."""
+    if on_progress is not None:
+        for outcome in outcomes:
+            on_progress(outcome)
+
+
 def crash_text(err: BaseException) -> str:
     """``crashed: <type>: <message>`` in one line (a validation error as its field)."""
     from pydantic import ValidationError

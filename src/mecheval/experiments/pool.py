@@ -23,6 +23,7 @@ from mecheval.experiments.jobs import (
     Job,
     Outcome,
     SweepEvent,
+    announce,
     crash_text,
     execute_group,
 )
@@ -44,7 +45,7 @@ def run_local(
             results = []
             for group in groups:
                 results.append(execute_group(group, sink))
-                _announce(results[-1], on_progress)
+                announce(results[-1], on_progress)
             return in_job_order(jobs, groups, results)
     ordered = longest_first(groups) if len(groups) > workers else groups
     if on_one_gpu(jobs):  # worker processes would take turns on the card: threads share it
@@ -71,22 +72,13 @@ def run_local(
                 done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
                 _drain(sink, on_progress)  # a run's last steps before its outcome
                 for future in done:
-                    _announce(_outcomes(future, group_of[future]), on_progress)
+                    announce(_outcomes(future, group_of[future]), on_progress)
             _drain(sink, on_progress)
         except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (Terminated)
             _stop_workers(pool, err)
             raise
         results = [_outcomes(f, group) for f, group in zip(futures, ordered, strict=True)]
     return in_job_order(jobs, ordered, results)
-
-
-def _announce(
-    outcomes: Sequence[Outcome], on_progress: Callable[[SweepEvent], None] | None
-) -> None:
-    """Each run's outcome to the display as soon as its group is over, not at the sweep's end."""
-    if on_progress is not None:
-        for outcome in outcomes:
-            on_progress(outcome)
 
 
 def _outcomes(future: Future, group: Sequence[Job]) -> list[Outcome]:

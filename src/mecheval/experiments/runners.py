@@ -87,6 +87,12 @@ def prepare(run_dir: Path, retry_failed: bool) -> None:
         (run_dir / STATUS_FILE).unlink()
 
 
+def check_planned_devices(planned: Sequence[tuple[RunSpec, RunConfig]]) -> None:
+    """Every planned run's device is on this machine (one ``error:`` line if not)."""
+    for device in sorted({cfg.training.device for _, cfg in planned}):
+        check_device(device)
+
+
 def make_jobs(
     spec: SweepSpec,
     out_dir: Path,
@@ -103,8 +109,8 @@ def make_jobs(
     sweep_dir = out_dir / spec.name
     threads = max(1, (os.cpu_count() or 1) // max(1, workers))
     planned = plan_runs(spec) if planned is None else planned
-    for device in {cfg.training.device for _, cfg in planned} if check_devices else ():
-        check_device(device)
+    if check_devices:
+        check_planned_devices(planned)
     jobs = []
     for spec_run, cfg in planned:
         run = ResolvedRun(cfg, sweep_dir / spec_run.name, cache_dir)

@@ -18,7 +18,14 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from mecheval.experiments.jobs import CallbackSink, Job, Outcome, SweepEvent, execute_group
+from mecheval.experiments.jobs import (
+    CallbackSink,
+    Job,
+    Outcome,
+    SweepEvent,
+    announce,
+    execute_group,
+)
 from mecheval.training.run import Terminated
 from mecheval.training.turns import Baton
 
@@ -69,8 +76,7 @@ def run_side_by_side(
                 while queued:  # only the baton's holder reads or changes the queue
                     i, group = queued.popleft()
                     results[i] = execute_group(group, sink)
-                    for outcome in results[i] if on_progress else ():
-                        on_progress(outcome)
+                    announce(results[i], on_progress)
                     baton.pass_on()
         except BaseException as err:  # noqa: BLE001 - raised in the sweep's thread below
             errors.append(err)

@@ -14,9 +14,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import signal
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from mecheval.experiments.jobs import (
     CallbackSink,
@@ -89,17 +90,49 @@ def run_side_by_side(
     ]
     for thread in threads:
         thread.start()
-    try:
-        _wait(threads)
-    except KeyboardInterrupt as err:
-        signum = err.signum if isinstance(err, Terminated) else None
-        baton.stop = (lambda: Terminated(signum)) if signum is not None else KeyboardInterrupt
-        _wait(threads)
-        raise
+    with _first_interrupt_only():
+        try:
+            _wait(threads)
+        except KeyboardInterrupt as err:
+            signum = err.signum if isinstance(err, Terminated) else None
+            baton.stop = (lambda: Terminated(signum)) if signum is not None else KeyboardInterrupt
+            _wait(threads)
+            raise
     stops = [err for err in errors if isinstance(err, KeyboardInterrupt)]
     if errors:
         raise (stops or errors)[0]
     return [results[i] for i in range(len(groups))]
+
+
+@contextlib.contextmanager
+def _first_interrupt_only() -> Iterator[None]:
+    """Within, only the first Ctrl-C or SIGTERM raises (through the handler in place); later
+    ones are ignored. Why: the threads record their runs' statuses after the first, and a
+    second (``timeout`` signals the command and then its process group, a user presses
+    Ctrl-C twice) would end the process under them, leaving runs marked "running". Worker
+    processes ignore a second signal the same way (pool.py)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals are handled in the main thread only
+        return
+    previous: dict[int, Callable[[int, object], object]] = {}
+    seen = False
+
+    def once(signum: int, frame: object) -> None:
+        nonlocal seen
+        if not seen:
+            seen = True
+            previous[signum](signum, frame)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(signum)
+        if callable(handler):  # one that raises (Ctrl-C's default, stop_on_sigterm's)
+            previous[signum] = handler
+            signal.signal(signum, once)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _wait(threads: Sequence[threading.Thread]) -> None:

@@ -28,6 +28,8 @@ from mecheval.training.stack_feed import StackedBatches
 from mecheval.training.stacked import StackedAdamW, clip_grad_norms_, pad_stack
 from mecheval.training.trainer import Trainer
 
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
 
 @pytest.fixture(scope="module")
 def data():
@@ -382,7 +384,7 @@ def test_skips_finished_and_resumes_interrupted(tmp_path: Path, data) -> None:
         status = read_status(d)
         assert status["state"] == "failed" and status["reason"].startswith("crashed")
         assert json.loads((d / "checkpoint" / "state.json").read_text())["step"] == 4
-    # Resumed (alone, by train()) from the group's checkpoints: ends as uninterrupted runs.
+    # Resumed (as one stack) from the group's checkpoints: ends as uninterrupted runs.
     statuses = train_group(cfgs, dirs, datasets=data)
     assert [s["state"] for s in statuses] == ["done", "done"]
     for i, cfg in enumerate(cfgs):
@@ -393,6 +395,74 @@ def test_skips_finished_and_resumes_interrupted(tmp_path: Path, data) -> None:
     again = train_group(cfgs, dirs, datasets=data)
     assert again == statuses
     assert [(d / "status.json").stat().st_mtime_ns for d in dirs] == before
+
+
+def _interrupted_at_8(cfgs, dirs, data) -> None:
+    """Train ``cfgs`` into ``dirs`` as a group, crashing at step 8's evaluation."""
+
+    class Crash(RuntimeError):
+        pass
+
+    def crash_at_8(step, model, run_dir):
+        if step == 8:
+            raise Crash("simulated crash")
+
+    with pytest.raises(Crash):
+        train_group(cfgs, dirs, datasets=data, callbacks=[crash_at_8])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_an_interrupted_group_resumes_as_one_stack_bit_for_bit(
+    tmp_path: Path, data, monkeypatch, device: str
+) -> None:
+    # Checkpoints every 3 steps, evaluations every 4: the stack resumes at step 6, between
+    # two evaluations, with each member's running loss carried over. On CUDA the step is
+    # captured anew at the resumed step.
+    cfgs = [
+        config(seed=s, steps=12, lr=lr, checkpoint_every=3, device=device)
+        for s, lr in [(0, 3e-3), (1, 1e-2), (2, 1e-3)]
+    ]
+    whole = [tmp_path / f"whole{i}" for i in range(3)]
+    train_group(cfgs, whole, datasets=data)
+    dirs = [tmp_path / f"g{i}" for i in range(3)]
+    _interrupted_at_8(cfgs, dirs, data)
+    assert {json.loads((d / "checkpoint" / "state.json").read_text())["step"] for d in dirs} == {6}
+
+    stacks: list[tuple[int, bool]] = []
+    original = GroupTrainer.__init__
+
+    def spy(self, cfgs, *args, resume=False, **kwargs):
+        stacks.append((len(cfgs), resume))
+        original(self, cfgs, *args, resume=resume, **kwargs)
+
+    monkeypatch.setattr(GroupTrainer, "__init__", spy)
+    statuses = train_group(cfgs, dirs, datasets=data)
+    assert stacks == [(3, True)]
+    assert [s["state"] for s in statuses] == ["done"] * 3
+    for d, w in zip(dirs, whole, strict=True):
+        assert (d / "model.safetensors").read_bytes() == (w / "model.safetensors").read_bytes()
+        assert (d / "metrics.csv").read_bytes() == (w / "metrics.csv").read_bytes()
+
+
+def test_a_group_with_an_unreadable_checkpoint_resumes_one_run_at_a_time(
+    tmp_path: Path, data
+) -> None:
+    cfgs = [config(seed=s, steps=12, checkpoint_every=4) for s in (0, 1)]
+    dirs = [tmp_path / f"g{i}" for i in range(2)]
+    _interrupted_at_8(cfgs, dirs, data)
+    (tensors,) = (dirs[1] / "checkpoint").glob("step-*.safetensors")
+    tensors.write_bytes(b"\x00garbage")
+    statuses = train_group(cfgs, dirs, datasets=data)
+    assert [s["state"] for s in statuses] == ["done", "done"]
+    assert "discarded_checkpoint" not in statuses[0]
+    assert str(tensors) in statuses[1]["discarded_checkpoint"]
+    # Each trained alone by train_run(): the first from the stack's checkpoint (so equal to a
+    # single run to float tolerance), the second from step 0 (so exactly a single run).
+    for i, cfg in enumerate(cfgs):
+        train(cfg, tmp_path / f"s{i}", datasets=data)
+    assert_same_run(dirs[0], tmp_path / "s0")
+    for name in ("model.safetensors", "metrics.csv"):
+        assert (dirs[1] / name).read_bytes() == (tmp_path / "s1" / name).read_bytes()
 
 
 # ---------------------------------------------------------------------------- fallback

@@ -172,7 +172,7 @@ def _execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
     crashes = [crash] * len(jobs)
     if crash and len(jobs) > 1:
         # A crash ends the whole call, also where its runs train one after another (a group
-        # that cannot be stacked; runs resumed from checkpoints first): the runs it kept
+        # that cannot be stacked; resumed runs before fresh ones): the runs it kept
         # from starting, whose folders it left untouched, are independent of it and train
         # alone, each failing only on its own account.
         for i, (run, before) in enumerate(zip(runs, already, strict=True)):

@@ -119,6 +119,16 @@ def has_checkpoint(folder: Path) -> bool:
     return (folder / STATE_FILE).is_file()
 
 
+def checkpoint_step(folder: Path) -> int | None:
+    """The step of the checkpoint in ``folder`` as its ``state.json`` says, or None if that
+    cannot be read (the checkpoint is not checked further: see :func:`read_checkpoint`)."""
+    try:
+        step = read_json(folder / STATE_FILE).get("step")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) and step > 0 else None
+
+
 def read_checkpoint(
     folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

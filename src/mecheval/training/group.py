@@ -31,8 +31,11 @@ Divergence is per member: a member whose training loss is non-finite (or whose w
 non-finite at an evaluation) is marked failed in its own status.json with the Trainer's reason text
 ("diverged: training loss is nan at step N") and dropped from the stack; the others go on.
 
-Resume is kept simple: the group writes each member's checkpoint in the single-run format, and
-a member that has a checkpoint (an interrupted group or run) is resumed alone by ``train_run()``.
+Resume: the group writes each member's checkpoint in the single-run format. Runs whose
+checkpoints are at the same step (an interrupted group's) resume as one stack: each member's
+Trainer restores its own checkpoint, and the stack starts from their weights, AdamW moments,
+schedules and running losses, ending as the uninterrupted group would, bit for bit. A lone run
+with a checkpoint, or one whose checkpoint cannot be read, resumes with ``train_run()``.
 Finished members are skipped.
 
 Architectures that cannot be vmapped (a mixer writing in place into a freshly allocated
@@ -72,7 +75,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mecheval.training.checkpoint import has_checkpoint
+from mecheval.training.checkpoint import CorruptCheckpoint, checkpoint_step, has_checkpoint
 from mecheval.training.config import RunConfig, check_device
 from mecheval.training.folder import RunFolder
 from mecheval.training.group_trainer import GroupTrainer
@@ -103,9 +106,10 @@ def _train_members(
     callbacks: Sequence[Callback],
     reporter_for: ReporterFactory,
     use_vmap: bool,
+    resume: bool = False,
 ) -> list[dict[str, Any]]:
-    """Train one group (no member finished, none with a checkpoint) into its run folders."""
-    cfgs = [run.cfg for run in runs]
+    """Train one group into its run folders: no member finished, and none with a checkpoint
+    or (``resume``) every one with a checkpoint at the same step."""
 
     def one_by_one() -> list[dict[str, Any]]:
         return [
@@ -113,25 +117,47 @@ def _train_members(
             for run in runs
         ]
 
-    if len(cfgs) == 1 or not use_vmap:
+    if len(runs) == 1 or not use_vmap:
         return one_by_one()
     folders = [run.folder() for run in runs]
-    group = GroupTrainer(cfgs, datasets, [f.path for f in folders], callbacks, reporter_for(cfgs))
+    with contextlib.ExitStack() as held:
+        for folder in folders:  # before a checkpoint is read
+            held.enter_context(folder.locked())
+        group = _stack(
+            [run.cfg for run in runs], datasets, folders, callbacks, reporter_for, resume
+        )
+        if group is not None:
+            return _train_stack(group, folders)
+    return one_by_one()
+
+
+def _stack(
+    cfgs: Sequence[RunConfig],
+    datasets: Mapping[str, Any],
+    folders: Sequence[RunFolder],
+    callbacks: Sequence[Callback],
+    reporter_for: ReporterFactory,
+    resume: bool,
+) -> GroupTrainer | None:
+    """The group's stacked trainer, or None where its runs train one at a time: a member's
+    checkpoint cannot be restored (``train_run()`` then discards it, saying so, and trains
+    that run from step 0), or the architecture does not vmap (warned here)."""
+    try:
+        group = GroupTrainer(
+            cfgs, datasets, [f.path for f in folders], callbacks, reporter_for(cfgs), resume=resume
+        )
+    except CorruptCheckpoint:
+        return None
     error = _vmap_error(group)
     if error is not None:
         warnings.warn(
             f"train_group: {cfgs[0].model.architecture} cannot be vmapped ({error}); "
             f"training its {len(cfgs)} runs one at a time",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
-        del group
-        return one_by_one()
-
-    with contextlib.ExitStack() as held:
-        for folder in folders:
-            held.enter_context(folder.locked())
-        return _train_stack(group, folders)
+        return None
+    return group
 
 
 def _train_stack(group: GroupTrainer, folders: Sequence[RunFolder]) -> list[dict[str, Any]]:
@@ -212,13 +238,13 @@ def train_runs(
     compatible runs (:func:`groupable`) into one stacked model each; return the statuses in
     input order.
 
-    Finished runs are skipped; a run with a checkpoint is resumed alone by ``train_run()``;
-    a group whose architecture does not vmap (or ``use_vmap=False``) trains one run at a
-    time. ``datasets`` (shared by all runs, which must then have one task) saves rebuilding
-    them; ``max_group`` caps the stack size. ``reporter_for(cfgs)`` gives the reporter of
-    each stack or single run (default: no progress display). A crash (or a callback
-    raising) marks the unfinished members of the group ``crashed`` and propagates, as
-    ``train_run()`` does.
+    Finished runs are skipped; runs with checkpoints at one step resume as one stack (before
+    the runs that start from step 0); a group whose architecture does not vmap (or
+    ``use_vmap=False``) trains one run at a time. ``datasets`` (shared by all runs, which
+    must then have one task) saves rebuilding them; ``max_group`` caps the stack size.
+    ``reporter_for(cfgs)`` gives the reporter of each stack or single run (default: no
+    progress display). A crash (or a callback raising) marks the unfinished members of the
+    group ``crashed`` and propagates, as ``train_run()`` does.
     """
     if len({run.run_dir.resolve() for run in runs}) != len(runs):
         raise ValueError("train_group: two runs share a run folder")
@@ -239,24 +265,30 @@ def train_runs(
             built[key] = build_datasets(run.cfg.task, cache_dir=run.cache_dir)
         return built[key]
 
-    fresh: list[int] = []
+    # Runs to resume, by their checkpoint's step (a stack resumes at one step), then the fresh.
+    at_step: dict[int, list[int]] = {}
     for i, folder in enumerate(folders):
         if statuses[i] is not None:
             continue
-        if has_checkpoint(folder.checkpoint_dir):
+        step = (
+            checkpoint_step(folder.checkpoint_dir) if has_checkpoint(folder.checkpoint_dir) else 0
+        )
+        if step is None:  # unreadable: train_run() discards it, saying so
             statuses[i] = train_run(
                 runs[i], callbacks, datasets=data_for(runs[i]), reporter=reporter_for([runs[i].cfg])
             )
         else:
-            fresh.append(i)
-    for group in groupable([runs[i].cfg for i in fresh], max_size=max_group):
-        indices = [fresh[j] for j in group]
-        members = [runs[i] for i in indices]
-        with torch_threads(members[0].cfg.training.threads):
-            results = _train_members(
-                members, data_for(members[0]), callbacks, reporter_for, use_vmap
-            )
-        for i, status in zip(indices, results, strict=True):
-            statuses[i] = status
+            at_step.setdefault(step, []).append(i)
+    for step in sorted(at_step, key=lambda s: (s == 0, s)):
+        pending = at_step[step]
+        for group in groupable([runs[i].cfg for i in pending], max_size=max_group):
+            indices = [pending[j] for j in group]
+            members = [runs[i] for i in indices]
+            with torch_threads(members[0].cfg.training.threads):
+                results = _train_members(
+                    members, data_for(members[0]), callbacks, reporter_for, use_vmap, step > 0
+                )
+            for i, status in zip(indices, results, strict=True):
+                statuses[i] = status
     assert all(s is not None for s in statuses)
     return statuses  # type: ignore[return-value]

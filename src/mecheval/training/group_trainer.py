@@ -59,6 +59,7 @@ class GroupTrainer:
         run_dirs: Sequence[Path],
         callbacks: Sequence[Callback] = (),
         reporter: Reporter | None = None,
+        resume: bool = False,
     ) -> None:
         if len({group_key(cfg) for cfg in cfgs}) != 1:
             raise ValueError("GroupTrainer: the configs do not form one group (see groupable)")
@@ -67,6 +68,15 @@ class GroupTrainer:
             Trainer(cfg, datasets, Path(run_dir), callbacks, NullReporter())
             for cfg, run_dir in zip(cfgs, run_dirs, strict=True)
         ]
+        # Resumed: every member restores its own checkpoint (weights, AdamW moments, schedule,
+        # running loss, metrics), as Trainer.run would, and the stack starts from there.
+        self.resumed = resume
+        if resume:
+            for member in self.members:
+                if not member.resume():
+                    raise ValueError(f"GroupTrainer: {member.checkpoint_dir}: no checkpoint")
+            if len({member.step for member in self.members}) != 1:
+                raise ValueError("GroupTrainer: the members' checkpoints are at different steps")
         self.reporter = reporter or NullReporter()
         first = self.members[0]
         # One task, batch size and device: every member evaluates on the same batches.
@@ -74,7 +84,7 @@ class GroupTrainer:
             member.eval_batches = first.eval_batches
         self.t = first.t
         self.total = first.total
-        self.step = 0
+        self.step = first.step
         self.live = list(range(len(self.members)))  # members still training, in stack order
         self.failed: dict[int, Diverged] = {}
         # A private copy is the shell every functional call runs through: functional_call
@@ -93,6 +103,8 @@ class GroupTrainer:
             for g in range(len(groups))
         ]
         self.optimizer = StackedAdamW(self.params, groups, decay, self.t.betas, self.t.eps)
+        if resume:
+            self._take_moments()
         # Every per-step number on the device (see stack_feed.py and captured.py).
         total, warmup = self.total, warmup_steps(first.cfg)
         self.tables = StepTables(
@@ -104,7 +116,8 @@ class GroupTrainer:
         ).T.to(self.device)  # [G, K]
         self.clip = GradClip([m.t.grad_clip for m in self.members], self.device)
         self.watch = LossWatch([m.ceiling for m in self.members], self.device)
-        self.count = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.watch.start_from([(m.loss_sum, m.loss_count) for m in self.members])
+        self.count = torch.full((1,), self.step, dtype=torch.long, device=self.device)
         self.check_every = check_interval(self.device)
         # The batches gathered on the device, unless the step draws extra queries on the host.
         self.feed: StackedBatches | None = None
@@ -126,6 +139,18 @@ class GroupTrainer:
         self._grad_fn = vmap(grad_and_value(at_query))
         self._grad_fn_multi = vmap(grad_and_value(at_positions), in_dims=(0, 0, 0, None, 0))
         self._grad_fn_dense = vmap(grad_and_value(at_positions))
+
+    @torch.no_grad()
+    def _take_moments(self) -> None:
+        """The members' restored AdamW state into the stack's (then dropped from theirs)."""
+        for k, member in enumerate(self.members):
+            for name, p in member.model.named_parameters():
+                state = member.optimizer.state.get(p, {})
+                if "exp_avg" in state:
+                    self.optimizer.exp_avg[name][k].copy_(state["exp_avg"])
+                    self.optimizer.exp_avg_sq[name][k].copy_(state["exp_avg_sq"])
+            member.optimizer.state.clear()
+        self.optimizer.steps = self.step
 
     # ------------------------------------------------------------------ the vmapped step
     def _loss(
@@ -207,7 +232,7 @@ class GroupTrainer:
         saved_live = self.live
         self.live = live
         try:
-            grads, losses = self.grads_and_losses(params, buffers, batches, 0)
+            grads, losses = self.grads_and_losses(params, buffers, batches, self.step)
         except Exception as err:  # noqa: BLE001 - any failure means "cannot vmap"
             return f"{type(err).__name__}: {err}"
         finally:
@@ -216,7 +241,7 @@ class GroupTrainer:
             member = self.members[k]
             model = member.model
             model.zero_grad(set_to_none=True)
-            # At member.step == 0, as the vmapped call, in the same precision; through the
+            # At the group's step, as the vmapped call, in the same precision; through the
             # plain module, so that a compile=True group compiles nothing just to probe.
             with tf32(member.t.precision, member.device):
                 loss = member.loss(batches[j], model)
@@ -376,7 +401,8 @@ class GroupTrainer:
         start = time.perf_counter() if start is None else start
         self.reporter.start(self.total, self.step)
         try:
-            self.evaluate_now()
+            if not self.resumed:  # as Trainer.run: not again at a checkpoint's step
+                self.evaluate_now()
             while self.step < self.total and self.live:
                 self.train_step()
                 self.step += 1

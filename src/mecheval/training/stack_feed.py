@@ -140,6 +140,11 @@ class LossWatch:
         """Each member's (loss sum, count) since the last :meth:`reset_sums`."""
         return list(zip(self.sum.tolist(), self.count.tolist(), strict=True))
 
+    def start_from(self, sums: Sequence[tuple[float, int]]) -> None:
+        """Each member's (loss sum, count) so far (a resumed member's, from its checkpoint)."""
+        self.sum.copy_(torch.tensor([total for total, _ in sums], dtype=torch.float64))
+        self.count.copy_(torch.tensor([count for _, count in sums], dtype=torch.long))
+
     def reset_sums(self) -> None:
         self.sum.zero_()
         self.count.zero_()

@@ -24,7 +24,12 @@ from mecheval.models import LanguageModel, build_model
 from mecheval.models.kernels import fused_kernels, require_fused
 from mecheval.tasks import Batch
 from mecheval.tasks.base import torch_generator
-from mecheval.training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
+from mecheval.training.checkpoint import (
+    CorruptCheckpoint,
+    has_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from mecheval.training.config import RunConfig, total_steps, warmup_steps
 from mecheval.training.folder import CHECKPOINT_DIR, METRICS_FILE
 from mecheval.training.metrics import (
@@ -196,7 +201,9 @@ class Trainer:
             self.checkpoint_dir, self.model, self.optimizer, self.scheduler
         )
         if divmod(step, self.per_epoch) != (scalars["epoch"], scalars["position"]):
-            raise ValueError(f"{self.checkpoint_dir}: data position does not match step {step}")
+            raise CorruptCheckpoint(
+                f"{self.checkpoint_dir}: data position does not match step {step}"
+            )
         self.step = step
         self.loss_sum = float(scalars["loss_sum"])
         self.loss_count = int(scalars["loss_count"])

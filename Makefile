@@ -8,17 +8,15 @@ TORCH_VERSION ?= 2.13.0
 
 # Two stamps: the quick run needs mecheval alone; the tests also need the dev and ray extras
 # (scipy, pytest, ruff, Ray), which would add a good part of the install to `make quick`.
-# --no-compile: pip would byte-compile every module of torch (and Ray) at install, most of
-# which no command imports; Python compiles the ones imported, once, on first use.
 $(BIN)/mecheval: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q --no-compile torch==$(TORCH_VERSION)
-	$(BIN)/pip install -q --no-compile -e .
+	$(BIN)/pip install -q torch==$(TORCH_VERSION)
+	$(BIN)/pip install -q -e .
 	touch $@
 
 $(VENV)/.extras: $(BIN)/mecheval
-	$(BIN)/pip install -q --no-compile -e '.[dev,ray]'
+	$(BIN)/pip install -q -e '.[dev,ray]'
 	touch $@
 
 setup: $(VENV)/.extras

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import math
 import re
 from pathlib import Path
@@ -24,6 +25,7 @@ from mecheval.report import (
     write_figure,
     write_html,
 )
+from mecheval.report.html import render_html
 from mecheval.report.registry import available_figures
 from mecheval.report.results import normalise
 from mecheval.report.specs import site_title
@@ -517,6 +519,25 @@ def test_write_figure_and_html(main_table, tmp_path):
     assert not re.search(r"""(src|href)=["'](?!data:|#)""", page)
     assert "<table>" in page and "92.0 ± 5.0" in page
     assert "Figures without data" in page
+
+
+def test_a_figure_written_and_inlined_is_encoded_once_per_format(main_table, tmp_path):
+    # The report writes each PNG to a file and into the HTML page: the page holds the file's
+    # bytes, and each format is encoded once (encoding is most of a report's time).
+    result = FIGURES["ar-restore"](main_table)
+    calls: list[str] = []
+    savefig = result.figure.savefig
+
+    def counted(buffer, *, format: str, dpi: int) -> None:
+        calls.append(format)
+        savefig(buffer, format=format, dpi=dpi)
+
+    result.figure.savefig = counted
+    write_figure(result, tmp_path)
+    page = render_html([result])
+    png = (tmp_path / "ar-restore.png").read_bytes()
+    assert base64.b64encode(png).decode("ascii") in page
+    assert calls == ["png", "pdf"]
 
 
 # ---------------------------------------------------------------------------- CLI

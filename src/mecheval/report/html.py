@@ -17,9 +17,13 @@ from mecheval.report.render import FigureResult
 
 
 def figure_bytes(result: FigureResult, fmt: str, dpi: int = 150) -> bytes:
-    buffer = io.BytesIO()
-    result.figure.savefig(buffer, format=fmt, dpi=dpi)
-    return buffer.getvalue()
+    """The figure encoded as ``fmt``, encoded once per (format, dpi)."""
+    key = (fmt, dpi)
+    if key not in result.encoded:
+        buffer = io.BytesIO()
+        result.figure.savefig(buffer, format=fmt, dpi=dpi)
+        result.encoded[key] = buffer.getvalue()
+    return result.encoded[key]
 
 
 def write_figure(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import textwrap
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import matplotlib
@@ -34,6 +34,9 @@ class FigureResult:
     markdown: str
     figure: Figure
     data: pd.DataFrame
+    #: the figure already encoded, by (format, dpi): a report writes its PNG to a file and
+    #: into the HTML page, and encoding it is most of the time a report takes.
+    encoded: dict[tuple[str, int], bytes] = field(default_factory=dict, repr=False, compare=False)
 
 
 class Layout(Protocol):

@@ -61,6 +61,17 @@ def test_names_are_readable_stable_and_unique() -> None:
     assert [r.name for r in expand(spec)] == [r.name for r in runs]
 
 
+def test_floats_one_digit_would_round_are_named_exactly() -> None:
+    # 0.95 and 0.99 both round to 1e0: named so, two sweeps would share their run folders.
+    spec = SweepSpec(name="x", grid={"training.stop_at_accuracy": [0.95, 0.99, 1.0, 0.5]})
+    assert [r.name for r in expand(spec)] == [
+        "stop_at_accuracy0.95",
+        "stop_at_accuracy0.99",
+        "stop_at_accuracy1e0",
+        "stop_at_accuracy5e-1",
+    ]
+
+
 def test_one_runs_overrides_do_not_leak_into_the_next() -> None:
     spec = SweepSpec(
         name="x",

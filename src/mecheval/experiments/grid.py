@@ -114,6 +114,10 @@ def name_part(key: str, value: Any) -> str:
         text = "on" if value else "off"
     elif isinstance(value, float):
         text = f"{value:.0e}".replace("e-0", "e-").replace("e+0", "e") if value else "0"
+        if float(text) != value:
+            # One digit fits a grid's LRs (3e-4); a value it would round (0.99 -> 1e0, the
+            # name 0.95 has too) is named exactly, so two values never share a folder.
+            text = repr(value)
     elif isinstance(value, list | tuple):
         text = "_".join(str(v) for v in value)
     else:

@@ -48,6 +48,28 @@ def test_the_task_axis_needs_a_preset_base() -> None:
         plan_runs(spec)
 
 
+def stops(spec) -> dict[str, float | None]:
+    return {run.name: cfg.training.stop_at_accuracy for run, cfg in plan_runs(spec)}
+
+
+def test_quick_ar_stops_each_run_at_its_solution_but_mamba_trains_its_epochs() -> None:
+    # reproduce ar --preset quick: zoology's early stop, except for the architectures the
+    # quick preset trains longer (Mamba: stopped early, its label does not hold over seeds).
+    _, spec = reproduce_spec("ar", "quick")
+    assert stops(spec) == {arch: (None if arch == "mamba" else 0.99) for arch in _archs()}
+    assert stops(reproduce_spec("ar", "quick", "attention,based")[1]) == {
+        "attention": 0.99,
+        "based": 0.99,
+    }
+    # The user's --set wins for every architecture, Mamba's own override included.
+    for value, expected in [("null", None), ("0.95", 0.95)]:
+        _, spec = reproduce_spec("ar", "quick", sets=[f"training.stop_at_accuracy={value}"])
+        assert set(stops(spec).values()) == {expected}
+    # The paper's grid and the other AR experiments at quick train every step.
+    assert set(stops(reproduce_spec("ar", "paper", widths="64", lrs="1e-3")[1]).values()) == {None}
+    assert set(stops(reproduce_spec("layer-count", "quick")[1]).values()) == {None}
+
+
 def test_reproduce_task_matrix_tasks_and_archs() -> None:
     experiment, spec = reproduce_spec("task-matrix", "quick")
     assert spec.grid == {"task": MATRIX_TASKS, "model.architecture": _archs()}

@@ -322,8 +322,14 @@ def reproduce_spec(
 
         fixed = {".".join(path): value for path, value in map(parse_override, sets)}
         suffix = "-".join(name_part(key, value) for key, value in fixed.items())
+        # The user's overrides win over the experiment's own, its per-architecture ones too.
+        per_architecture = {a: {**o, **fixed} for a, o in spec.per_architecture.items()}
         spec = spec.model_copy(
-            update={"set": {**spec.set, **fixed}, "name": f"{spec.name}-{suffix}"}
+            update={
+                "set": {**spec.set, **fixed},
+                "per_architecture": per_architecture,
+                "name": f"{spec.name}-{suffix}",
+            }
         )
     return experiment, spec
 

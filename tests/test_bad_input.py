@@ -342,6 +342,19 @@ CASES = [
         sweep_file({**GOOD_SWEEP, "grid": {"training.lr": []}}),
     ),
     Case(
+        "sweep: its folder holds finished runs of another config",
+        ("sweep", "spec.yaml", "--out", "exp"),
+        "lr1e-3: holds a run with a different config",
+        sweep_file(
+            {
+                "name": "s",
+                "base": SWEEP_BASE,
+                "set": {"training.steps": 18},
+                "grid": {"training.lr": [1e-3, 1e-2]},
+            }
+        ),
+    ),
+    Case(
         "sweep: zero workers",
         ("sweep", "spec.yaml", "--workers", "0"),
         "--workers",

@@ -120,6 +120,20 @@ def test_sweep_runs_skips_and_resumes(tmp_path) -> None:
     assert (tmp_path / "tiny" / "lr1e-3" / "metrics.csv").read_text() == first
 
 
+def test_a_finished_run_of_another_config_stops_the_sweep_before_anything_runs(tmp_path) -> None:
+    run_sweep(tiny_spec(), tmp_path)
+    folder = tmp_path / "tiny" / "lr1e-3"
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    # The same run names, another config (as after an upgrade that changes a preset): its
+    # finished runs are not this sweep's results, and reporting them as done would say so.
+    changed = tiny_spec(**{"training.lr": [1e-3, 3e-3, 1e-2]})
+    changed = changed.model_copy(update={"set": {"training.steps": 18}})
+    with pytest.raises(ConfigError, match=r"lr1e-3: holds a run with a different config"):
+        run_sweep(changed, tmp_path)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert not (tmp_path / "tiny" / "lr1e-2").exists()
+
+
 def test_a_diverging_run_fails_and_the_sweep_goes_on(tmp_path) -> None:
     spec = tiny_spec(**{"training.lr": [1e-3, 1e6]})
     outcomes = run_sweep(spec, tmp_path)

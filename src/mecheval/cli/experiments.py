@@ -39,6 +39,7 @@ def _run(spec, out, workers, backend, address, retry_failed, plan, quiet, group_
     from mecheval.experiments.runners import (
         check_options,
         check_planned_devices,
+        check_run_folders,
         plan_runs,
         run_sweep,
     )
@@ -49,6 +50,7 @@ def _run(spec, out, workers, backend, address, retry_failed, plan, quiet, group_
     planned = plan_runs(spec)
     if backend == "local":  # before the display's first line; a Ray cluster's are its workers'
         check_planned_devices(planned)
+    check_run_folders(spec, Path(out), planned)
     start = time.perf_counter()
     try:
         with sweep_display(len(planned), quiet) as display:

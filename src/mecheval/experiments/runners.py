@@ -32,7 +32,7 @@ from mecheval.experiments.scheduling import (
 )
 from mecheval.models.registry import plugin_paths
 from mecheval.training.config import RunConfig, check_device, config_from_data, resolve
-from mecheval.training.folder import STATUS_FILE, peek_status
+from mecheval.training.folder import STATUS_FILE, RunFolder, peek_status
 from mecheval.training.presets import preset
 from mecheval.training.resolved import ResolvedRun
 
@@ -93,6 +93,16 @@ def check_planned_devices(planned: Sequence[tuple[RunSpec, RunConfig]]) -> None:
         check_device(device)
 
 
+def check_run_folders(
+    spec: SweepSpec, out_dir: Path, planned: Sequence[tuple[RunSpec, RunConfig]]
+) -> None:
+    """No planned run's folder holds a run of another config that trained (one ``error:``
+    line naming the folder if one does): a finished one would otherwise count as this
+    sweep's result, an unfinished one be resumed."""
+    for spec_run, cfg in planned:
+        RunFolder(Path(out_dir) / spec.name / spec_run.name, cfg).holds_other_config()
+
+
 def make_jobs(
     spec: SweepSpec,
     out_dir: Path,
@@ -111,6 +121,7 @@ def make_jobs(
     planned = plan_runs(spec) if planned is None else planned
     if check_devices:
         check_planned_devices(planned)
+    check_run_folders(spec, out_dir, planned)
     jobs = []
     for spec_run, cfg in planned:
         run = ResolvedRun(cfg, sweep_dir / spec_run.name, cache_dir)

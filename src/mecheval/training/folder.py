@@ -156,14 +156,22 @@ class RunFolder:
             print_warning(f"{err}; training the run again (from its checkpoint if it has one)")
             return None
 
-    def check(self) -> dict[str, Any] | None:
-        """The status of a finished run of this config (nothing to do), or None: the run is
-        to train or resume. Raises ConfigError where the folder holds another config's run."""
+    def holds_other_config(self) -> bool:
+        """Whether the folder holds another config's run that never trained (which training
+        replaces). Raises ConfigError where it holds another config's run that trained, done
+        or not: that run is neither this config's result nor its to resume."""
         try:
             check_same_config(self.path, self.cfg)
         except ConfigError:
             if not self.never_trained():
                 raise
+            return True
+        return False
+
+    def check(self) -> dict[str, Any] | None:
+        """The status of a finished run of this config (nothing to do), or None: the run is
+        to train or resume. Raises ConfigError where the folder holds another config's run."""
+        if self.holds_other_config():
             # Left by an attempt that failed before its first step (its data could not be
             # built, say): nothing of it is worth keeping, so it must not block the fix.
             print_warning(f"{self.path}: replacing the config of a run that never trained")

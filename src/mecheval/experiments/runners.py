@@ -97,8 +97,9 @@ def check_run_folders(
     spec: SweepSpec, out_dir: Path, planned: Sequence[tuple[RunSpec, RunConfig]]
 ) -> None:
     """No planned run's folder holds a run of another config that trained (one ``error:``
-    line naming the folder if one does): a finished one would otherwise count as this
-    sweep's result, an unfinished one be resumed."""
+    line naming the folder if one does), checked before any run starts: a finished one would
+    otherwise count as this sweep's result, an unfinished one fail its run only when it
+    starts."""
     for spec_run, cfg in planned:
         RunFolder(Path(out_dir) / spec.name / spec_run.name, cfg).holds_other_config()
 

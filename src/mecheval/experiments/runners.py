@@ -115,14 +115,15 @@ def make_jobs(
     planned: Sequence[tuple[RunSpec, RunConfig]] | None = None,
 ) -> list[Job]:
     """One job per planned run (``planned``: :func:`plan_runs` of ``spec``, when the caller
-    has it already); with ``check_devices``, every run's device must be on this machine
-    (checked before any run folder is touched)."""
+    has it already, with :func:`check_run_folders` done); with ``check_devices``, every run's
+    device must be on this machine (checked before any run folder is touched)."""
     sweep_dir = out_dir / spec.name
     threads = max(1, (os.cpu_count() or 1) // max(1, workers))
-    planned = plan_runs(spec) if planned is None else planned
+    if planned is None:
+        planned = plan_runs(spec)
+        check_run_folders(spec, out_dir, planned)  # a caller that planned them checked them
     if check_devices:
         check_planned_devices(planned)
-    check_run_folders(spec, out_dir, planned)
     jobs = []
     for spec_run, cfg in planned:
         run = ResolvedRun(cfg, sweep_dir / spec_run.name, cache_dir)
@@ -188,7 +189,8 @@ def run_sweep(
 ) -> list[Outcome]:
     """Run every run of ``spec`` under ``out_dir/spec.name``; return one outcome per run.
     ``on_progress`` (local backend) gets each run's events (:data:`SweepEvent`) as they happen.
-    ``planned``: :func:`plan_runs` of ``spec`` where the caller has planned it already.
+    ``planned``: :func:`plan_runs` of ``spec`` where the caller has planned it already (and
+    checked its folders with :func:`check_run_folders`).
 
     ``group_size``: the most runs trained as one stacked model (:func:`group_jobs`); None
     chooses (:func:`auto_group_size`: stacks on a GPU, one run at a time on a CPU)."""

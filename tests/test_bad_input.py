@@ -22,8 +22,10 @@ import pytest
 import yaml
 from small_runs import SWEEP_BASE, run_cli
 
+from mecheval.errors import ConfigError
 from mecheval.experiments.grid import SweepSpec
 from mecheval.experiments.runners import run_sweep
+from mecheval.models.registry import ARCHITECTURES, parse_options
 from mecheval.training import train
 from mecheval.training.config import config_from_data
 from mecheval.training.presets import preset
@@ -422,3 +424,11 @@ def test_bad_input_is_one_line_and_writes_nothing(
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     assert case.names in lines[0], lines[0]
     assert snapshot(work) == before  # nothing written, nothing removed
+
+
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_every_mixer_names_an_option_it_does_not_have(arch: str) -> None:
+    """A misspelt ``model.mixer`` key is an error naming it, for every built-in mixer (their
+    options share one base that forbids extra keys), never a run trained on the default."""
+    with pytest.raises(ConfigError, match=r"^model\.mixer\.chunk_sise: unknown field$"):
+        parse_options(arch, {"chunk_sise": 64})

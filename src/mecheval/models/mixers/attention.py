@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer, table1_constant
-from mecheval.models.mixers.options import check_divides
+from mecheval.models.mixers.options import MixerOptions, check_divides
 
 
-class AttentionOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class AttentionOptions(MixerOptions):
     num_heads: int = Field(1, ge=1)
     dropout: float = table1_constant(0.0)
     qkv_bias: bool = Field(False, description="bias on the q/k/v projection (paper's runs: off)")

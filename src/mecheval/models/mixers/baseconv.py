@@ -19,19 +19,19 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer, index_states, with_history
 from mecheval.models.mixers.long_conv import ImplicitLongConv, MLPFilter
 from mecheval.models.mixers.modules import ShortConv
+from mecheval.models.mixers.options import MixerOptions
 
 #: zoology's ImplicitLongConvolution hidden width (``d_hidden``; BaseConv passes none)
 LONG_CONV_HIDDEN = 16
 
 
-class BaseConvOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class BaseConvOptions(MixerOptions):
     kernel_size: list[int] = Field(
         default_factory=lambda: [3, -1],
         min_length=1,

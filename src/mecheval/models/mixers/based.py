@@ -27,12 +27,12 @@ rescales only ``out_proj``/``fc2`` by 1/sqrt(2 n_layers), and so does mecheval's
 from __future__ import annotations
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer
 from mecheval.models.mixers.baseconv import BaseConv
-from mecheval.models.mixers.options import check_divides
+from mecheval.models.mixers.options import MixerOptions, check_divides
 from mecheval.models.ops.linear_attention import (
     EPS,
     linear_attention_quadratic,
@@ -41,8 +41,7 @@ from mecheval.models.ops.linear_attention import (
 )
 
 
-class BasedOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class BasedOptions(MixerOptions):
     conv_kernel_size: int = Field(3, ge=1, description="short conv size of the BaseConv layers")
     long_conv: bool = Field(
         False, description="ablation (Fig. 4b): implicit long conv instead of the short conv"

@@ -35,18 +35,21 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer
 from mecheval.models.mixers.modules import optional_conv
-from mecheval.models.mixers.options import check_divides, chunk_size_field, neg_eigval_field
+from mecheval.models.mixers.options import (
+    MixerOptions,
+    check_divides,
+    chunk_size_field,
+    neg_eigval_field,
+)
 from mecheval.models.ops.delta_rule import delta_rule_chunked, delta_rule_recurrent, l2_normalize
 
 
-class DeltaNetOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class DeltaNetOptions(MixerOptions):
     num_heads: int = Field(1, ge=1)
     conv_size: int | None = Field(
         4,

@@ -40,12 +40,17 @@ import math
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer
 from mecheval.models.mixers.modules import GatedRMSNorm, optional_conv
-from mecheval.models.mixers.options import check_divides, chunk_size_field, neg_eigval_field
+from mecheval.models.mixers.options import (
+    MixerOptions,
+    check_divides,
+    chunk_size_field,
+    neg_eigval_field,
+)
 from mecheval.models.ops.delta_rule import l2_normalize
 from mecheval.models.ops.gated_delta_rule import (
     gated_delta_rule_chunked,
@@ -57,9 +62,7 @@ A_INIT_RANGE = (0.0, 16.0)
 DT_MIN, DT_MAX, DT_INIT_FLOOR = 1e-3, 1e-1, 1e-4
 
 
-class GatedDeltaNetOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class GatedDeltaNetOptions(MixerOptions):
     num_heads: int = Field(1, ge=1)
     head_dim: int | None = Field(None, ge=1, description="q/k size per head; null = d / heads")
     expand_v: float = Field(2.0, gt=0.0, description="value head size = expand_v * head_dim")

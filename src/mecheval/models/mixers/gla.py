@@ -42,13 +42,13 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import nn
 
 from mecheval.models import native
 from mecheval.models.mixers.base import Mixer
 from mecheval.models.mixers.modules import ShortConv, gated_head_output
-from mecheval.models.mixers.options import chunk_size_field
+from mecheval.models.mixers.options import MixerOptions, chunk_size_field
 from mecheval.models.ops.gla import gla_chunked, gla_recurrent
 
 #: :func:`gla_recurrent` from a zero state in a training step, by ``csrc/gla.c``
@@ -62,9 +62,7 @@ _NativeGLA = native.autograd_function(
 )
 
 
-class GLAOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class GLAOptions(MixerOptions):
     num_heads: int = Field(4, ge=1, le=1024, description="heads (fla's layer default 4)")
     expand_k: float = Field(0.5, gt=0.0, le=16.0, description="key width = int(expand_k * d)")
     expand_v: float = Field(1.0, gt=0.0, le=16.0, description="value width = int(expand_v * d)")

@@ -40,18 +40,17 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer, index_states, table1_constant, with_history
-from mecheval.models.mixers.options import check_divides
+from mecheval.models.mixers.options import MixerOptions, check_divides
 from mecheval.models.mixers.ssm import DiagSSMKernel, ShiftSSM
 from mecheval.models.ops.h3 import head_outer, head_readout
 from mecheval.models.ops.long_conv import causal_long_conv
 
 
-class H3Options(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class H3Options(MixerOptions):
     l_max: int = Field(1024, ge=1, description="longest SSM kernel; longer inputs see a cut kernel")
     d_state: int = Field(
         1024,

@@ -55,11 +55,12 @@ import math
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer
 from mecheval.models.mixers.modules import BlockDiagonalLinear, ShortConv, optional_conv
+from mecheval.models.mixers.options import MixerOptions
 from mecheval.models.ops.rglru import (
     rglru_inputs,
     rglru_scan,
@@ -68,9 +69,7 @@ from mecheval.models.ops.rglru import (
 )
 
 
-class HawkOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class HawkOptions(MixerOptions):
     lru_width: int | None = Field(
         None, ge=1, le=65536, description="width of the recurrence; null = d_model"
     )

@@ -25,16 +25,16 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer, index_states, table1_constant, with_history
 from mecheval.models.mixers.long_conv import ImplicitFilter, ImplicitLongConv
 from mecheval.models.mixers.modules import ShortConv, optional_conv
+from mecheval.models.mixers.options import MixerOptions
 
 
-class HyenaOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class HyenaOptions(MixerOptions):
     l_max: int = Field(1024, ge=1, description="longest sequence the implicit filter covers")
     filter_order: int = Field(64, ge=1, description="width of the implicit filter MLP")
     emb_dim: int = Field(3, ge=3, description="positional features of the filter (odd)")

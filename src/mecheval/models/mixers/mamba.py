@@ -29,18 +29,16 @@ import math
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer
 from mecheval.models.mixers.modules import ShortConv
-from mecheval.models.mixers.options import SCALAR_NEG_EIGVAL, neg_eigval_field
+from mecheval.models.mixers.options import SCALAR_NEG_EIGVAL, MixerOptions, neg_eigval_field
 from mecheval.models.ops.selective_scan import scan_with_states, selective_scan
 
 
-class MambaOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class MambaOptions(MixerOptions):
     d_state: int = Field(16, ge=1, description="SSM state size N per channel")
     expand: int = Field(2, ge=1, description="d_inner = expand * d_model")
     d_conv: int | None = Field(

@@ -1,6 +1,7 @@
-"""Option pieces several mixers share: the check that a head count or size divides the width,
-the fields of the chunked recurrences (chunk size, negative eigenvalues), and the heads of
-Mamba-2's SSD layout, which Mamba-3 keeps (its options' common fields and their layout)."""
+"""Option pieces several mixers share: the base class of every mixer's options, the check that
+a head count or size divides the width, the fields of the chunked recurrences (chunk size,
+negative eigenvalues), and the heads of Mamba-2's SSD layout, which Mamba-3 keeps (its
+options' common fields and their layout)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 #: mamba_ssm's default head size, used wherever it divides d_inner
 REFERENCE_HEADDIM = 64
+
+
+class MixerOptions(BaseModel):
+    """A mixer's options (``model.mixer`` of a run config): a key the class does not declare is
+    an error naming it, not ignored, so a misspelt option never trains the default."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 def check_divides(d_model: int, field: str, value: int, hint: str = "") -> None:
@@ -50,11 +58,9 @@ def dt_max_above_min(cls: type, value: float, info: ValidationInfo) -> float:
     return value
 
 
-class SSDHeadOptions(BaseModel):
+class SSDHeadOptions(MixerOptions):
     """The fields Mamba-2 and Mamba-3 share: state size, heads and groups, Δ's init range, the
     norms' eps and the chunk (each subclass adds its conv, its A and what is its own)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     d_state: int = Field(64, ge=1, description="SSM state size N per head")
     expand: int = Field(2, ge=1, description="d_inner = expand * d_model")

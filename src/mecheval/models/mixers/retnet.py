@@ -37,18 +37,16 @@ a few hundred here); :func:`retention_recurrent` is the step-by-step recurrence 
 from __future__ import annotations
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import nn
 
 from mecheval.models.mixers.base import Mixer
 from mecheval.models.mixers.modules import gated_head_output
-from mecheval.models.mixers.options import check_divides
+from mecheval.models.mixers.options import MixerOptions, check_divides
 from mecheval.models.ops.retention import retention_decays, retention_parallel, retention_recurrent
 
 
-class RetNetOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class RetNetOptions(MixerOptions):
     num_heads: int = Field(8, ge=1, le=1024, description="heads (fla's layer default 8)")
     expand_k: int = Field(1, ge=1, le=16, description="key width = expand_k * d")
     expand_v: int = Field(2, ge=1, le=16, description="value width = expand_v * d")

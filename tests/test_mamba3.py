@@ -19,7 +19,7 @@ from reference_math import gen
 from mecheval.errors import ConfigError
 from mecheval.models import ModelConfig, build_model, site_names, state_size
 from mecheval.models.backbone import RMSNorm, count_parameters
-from mecheval.models.ops.mamba3 import mamba3_chunked, mamba3_recurrent
+from mecheval.models.ops.mamba3 import Mamba3Inputs, mamba3_chunked, mamba3_recurrent
 from mecheval.models.registry import (
     BUILTIN_ARCHITECTURES,
     PAPER_ARCHITECTURES,
@@ -38,7 +38,7 @@ def matches(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def operands(seed: int, length: int, heads: int = 2, p: int = 3, n: int = 6, r: int = 2):
-    """Random operands of the recurrence: (x, Δ A, Δ, λ, Δ θ, B, C, D), Δ over orders of
+    """Random operands of the recurrence (x, Δ A, Δ, λ, Δ θ, B, C), Δ over orders of
     magnitude and angle steps up to ±π Δ, as the layer makes them."""
     g = gen(seed)
 
@@ -50,7 +50,8 @@ def operands(seed: int, length: int, heads: int = 2, p: int = 3, n: int = 6, r: 
     log_decay = -F.softplus(rand(2, length, heads)) * dt
     lam = torch.sigmoid(2 * rand(2, length, heads))
     angle_steps = math.pi * torch.tanh(rand(2, length, heads, r)) * dt[..., None]
-    return x, log_decay, dt, lam, angle_steps, rand(2, length, heads, n), rand(2, length, heads, n)
+    B, C = rand(2, length, heads, n), rand(2, length, heads, n)
+    return Mamba3Inputs(x, log_decay, dt, lam, angle_steps, B, C)
 
 
 def paper_recurrence(x, log_decay, dt, lam, angle_steps, B, C, D, *, euler=False, sign=1.0):
@@ -94,10 +95,10 @@ def paper_recurrence(x, log_decay, dt, lam, angle_steps, B, C, D, *, euler=False
 
 @pytest.mark.parametrize(("length", "chunk"), [(37, 5), (37, 8), (37, 64), (16, 4), (1, 3)])
 def test_chunked_equals_recurrent_forward_and_backward(length: int, chunk: int) -> None:
-    args = [a.requires_grad_() for a in operands(0, length)]
+    args = Mamba3Inputs(*(a.requires_grad_() for a in operands(0, length)))
     D = torch.randn(2, dtype=DTYPE, generator=gen(1), requires_grad=True)
-    fast = mamba3_chunked(*args, D, chunk)
-    ref = mamba3_recurrent(*args, D)
+    fast = mamba3_chunked(args, D, chunk)
+    ref = mamba3_recurrent(args, D)
     torch.testing.assert_close(fast, ref, **TOL)
     w = torch.randn(fast.shape, dtype=DTYPE, generator=gen(2))
     for a, b in zip(
@@ -112,9 +113,9 @@ def test_chunked_equals_recurrent_forward_and_backward(length: int, chunk: int) 
 def test_recurrence_equals_the_papers_complex_ssm(r: int) -> None:
     args = operands(3, 9, r=r)
     D = torch.randn(2, dtype=DTYPE, generator=gen(4))
-    ours = mamba3_recurrent(*args, D)
+    ours = mamba3_recurrent(args, D)
     torch.testing.assert_close(ours, paper_recurrence(*args, D), **TOL)
-    torch.testing.assert_close(mamba3_chunked(*args, D, 4), ours, **TOL)
+    torch.testing.assert_close(mamba3_chunked(args, D, 4), ours, **TOL)
     assert not matches(ours, paper_recurrence(*args, D, euler=True))
     assert not matches(ours, paper_recurrence(*args, D, sign=-1.0))
 
@@ -125,17 +126,18 @@ def test_stepping_one_token_at_a_time_equals_the_full_form() -> None:
     state after each step as the state site does (``replace_first``)."""
     args = operands(5, 11)
     D = torch.randn(2, dtype=DTYPE, generator=gen(6))
-    full = mamba3_chunked(*args, D, 4)
+    full = mamba3_chunked(args, D, 4)
     state, outs = None, []
     for t in range(11):
-        y, kept = mamba3_recurrent(*(a[:, t : t + 1] for a in args), D, initial=state, keep=True)
+        step = Mamba3Inputs(*(a[:, t : t + 1] for a in args))
+        y, kept = mamba3_recurrent(step, D, initial=state, keep=True)
         state = tuple(part[:, -1] for part in kept)
         outs.append(y)
     torch.testing.assert_close(torch.cat(outs, dim=1), full, **TOL)
-    _, kept = mamba3_recurrent(*args, D, keep=True)
+    _, kept = mamba3_recurrent(args, D, keep=True)
     for cut in (0, 4, 10):
         after = tuple(part[:, cut] for part in kept)
-        y = mamba3_recurrent(*(a[:, cut:] for a in args), D, initial=after, replace_first=True)
+        y = mamba3_recurrent(args.after(cut), D, initial=after, replace_first=True)
         torch.testing.assert_close(y, full[:, cut:], **TOL)
 
 
@@ -153,9 +155,10 @@ def test_the_trapezoid_carries_the_previous_input_into_the_state(form: str) -> N
     x = x.requires_grad_()
 
     def run(x):
+        inputs = Mamba3Inputs(x, log_decay, dt, lam, angle_steps, B, C)
         if form == "chunked":
-            return mamba3_chunked(x, log_decay, dt, lam, angle_steps, B, C, D, 3)
-        return mamba3_recurrent(x, log_decay, dt, lam, angle_steps, B, C, D)
+            return mamba3_chunked(inputs, D, 3)
+        return mamba3_recurrent(inputs, D)
 
     y = run(x)
     (grad_now,) = torch.autograd.grad(y[:, t].sum(), x)

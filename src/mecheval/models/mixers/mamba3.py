@@ -41,7 +41,12 @@ from torch import nn
 from mecheval.models.mixers.mamba2 import SSDHeads
 from mecheval.models.mixers.modules import GatedRMSNorm, ShortConv
 from mecheval.models.mixers.options import SSDHeadOptions
-from mecheval.models.ops.mamba3 import Mamba3State, mamba3_chunked, mamba3_recurrent
+from mecheval.models.ops.mamba3 import (
+    Mamba3Inputs,
+    Mamba3State,
+    mamba3_chunked,
+    mamba3_recurrent,
+)
 
 
 class Mamba3Options(SSDHeadOptions):
@@ -97,9 +102,9 @@ class Mamba3(SSDHeads):
         if self.options.outproj_norm:
             self.norm.weight.fill_(1.0)
 
-    def recurrence_inputs(self, u: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-        """u [batch, T, d] -> ((x, Δ A, Δ, λ, Δ θ, B, C), z): the recurrence's operands
-        (models/ops/mamba3.py) and the gate."""
+    def recurrence_inputs(self, u: torch.Tensor) -> tuple[Mamba3Inputs, torch.Tensor]:
+        """u [batch, T, d] -> the recurrence's operands (x, Δ A, Δ, λ, Δ θ, B, C) and the
+        gate z."""
         batch, length, _ = u.shape
         z, xbc, dt, a, trap, theta = self.in_proj(u).split(self.splits, dim=-1)
         if self.has_conv:
@@ -114,7 +119,7 @@ class Mamba3(SSDHeads):
         A = (-F.softplus(a)).clamp(max=-self.options.A_floor)
         angle_steps = (torch.tanh(theta) * math.pi)[..., None, :] * delta[..., None]
         x = x.unflatten(-1, (self.nheads, self.headdim))
-        return (x, A * delta, delta, torch.sigmoid(trap), angle_steps, b, c), z
+        return Mamba3Inputs(x, A * delta, delta, torch.sigmoid(trap), angle_steps, b, c), z
 
     def finish(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """Recurrence output [batch, T, H, P] and gate z -> mixer output [batch, T, d]."""
@@ -129,12 +134,12 @@ class Mamba3(SSDHeads):
 
     def mix(self, u: torch.Tensor) -> torch.Tensor:
         operands, z = self.recurrence_inputs(u)
-        return self.finish(mamba3_chunked(*operands, self.D, self.options.chunk_size), z)
+        return self.finish(mamba3_chunked(operands, self.D, self.options.chunk_size), z)
 
     def mix_recurrent(self, u: torch.Tensor) -> torch.Tensor:
         """:meth:`mix` with the step-by-step recurrence (for tests and debugging)."""
         operands, z = self.recurrence_inputs(u)
-        return self.finish(mamba3_recurrent(*operands, self.D), z)
+        return self.finish(mamba3_recurrent(operands, self.D), z)
 
     # Resuming from a prefix (Mixer.prefix_states): (h, k, x, Φ) after each position, by the
     # recurrence; the state site patches all four, everything the next step reads.
@@ -143,12 +148,11 @@ class Mamba3(SSDHeads):
 
     def prefix_states(self, u: torch.Tensor) -> Mamba3State:
         operands, _ = self.recurrence_inputs(u)
-        return mamba3_recurrent(*operands, self.D, keep=True)[1]
+        return mamba3_recurrent(operands, self.D, keep=True)[1]
 
     def mix_from(
         self, u: torch.Tensor, offset: int, state: Mamba3State | None, replace: bool = False
     ) -> torch.Tensor:
         operands, z = self.recurrence_inputs(u)
-        operands = tuple(t[:, offset:] for t in operands)
-        y = mamba3_recurrent(*operands, self.D, initial=state, replace_first=replace)
+        y = mamba3_recurrent(operands.after(offset), self.D, initial=state, replace_first=replace)
         return self.finish(y, z[:, offset:])

@@ -21,6 +21,7 @@ form the module runs (mamba_ssm's SISO kernel computes the same sums).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,22 @@ from mecheval.models.ops.decay import balanced_chunks, pad_steps, segment_sums
 #: (h [b, H, P, N], k [b, H, N], x [b, H, P], Φ [b, H, R]): what one step hands the next; the
 #: previous step's rotated B and its input carry the trapezoid's second term.
 Mamba3State = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class Mamba3Inputs(NamedTuple):
+    """The recurrence's operands, each [b, T, ...] (the module computes them from its input)."""
+
+    x: torch.Tensor  #: [b, T, H, P]
+    log_decay: torch.Tensor  #: Δ A, [b, T, H]
+    dt: torch.Tensor  #: Δ, [b, T, H]
+    lam: torch.Tensor  #: λ, [b, T, H]
+    angle_steps: torch.Tensor  #: Δ θ, [b, T, H, R]
+    B: torch.Tensor  #: [b, T, H, N], not yet rotated
+    C: torch.Tensor  #: [b, T, H, N], not yet rotated
+
+    def after(self, offset: int) -> Mamba3Inputs:
+        """The operands of the steps from ``offset`` on."""
+        return Mamba3Inputs(*(t[:, offset:] for t in self))
 
 
 def rotate_pairs(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
@@ -44,13 +61,7 @@ def rotate_pairs(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
 
 
 def mamba3_recurrent(
-    x: torch.Tensor,
-    log_decay: torch.Tensor,
-    dt: torch.Tensor,
-    lam: torch.Tensor,
-    angle_steps: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
+    inputs: Mamba3Inputs,
     D: torch.Tensor,
     initial: Mamba3State | None = None,
     keep: bool = False,
@@ -58,12 +69,12 @@ def mamba3_recurrent(
 ):
     """The recurrence one step at a time (the specification, not for speed).
 
-    x: [b, T, H, P]; log_decay (Δ A), dt (Δ), lam (λ): [b, T, H]; angle_steps (Δ θ):
-    [b, T, H, R]; B, C: [b, T, H, N] (not yet rotated); D: [H] -> y [b, T, H, P].
+    inputs: :class:`Mamba3Inputs`; D: [H] -> y [b, T, H, P].
     ``initial``: the state (h, k, x, Φ) before the first step (zeros: none), or with
     ``replace_first`` after it (its update skipped); with ``keep`` also every state after each
     step, a :data:`Mamba3State` of [b, T, ...] tensors (``Mixer.prefix_states``).
     """
+    x, log_decay, dt, lam, angle_steps, B, C = inputs
     batch, length, heads, p = x.shape
     n, r = B.shape[-1], angle_steps.shape[-1]
     if initial is None:
@@ -98,17 +109,7 @@ def mamba3_recurrent(
     return y, tuple(torch.stack(part, dim=1) for part in zip(*kept, strict=True))
 
 
-def mamba3_chunked(
-    x: torch.Tensor,
-    log_decay: torch.Tensor,
-    dt: torch.Tensor,
-    lam: torch.Tensor,
-    angle_steps: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor,
-    chunk_size: int,
-) -> torch.Tensor:
+def mamba3_chunked(inputs: Mamba3Inputs, D: torch.Tensor, chunk_size: int) -> torch.Tensor:
     """The same function as :func:`mamba3_recurrent` from zeros, in chunks of at most
     ``chunk_size`` steps (:func:`~mecheval.models.ops.decay.balanced_chunks`).
 
@@ -123,6 +124,7 @@ def mamba3_chunked(
     Within a chunk, S are segment sums of Δ A (every exponent ≤ 0); across chunks the state
     at each chunk's end is passed on, as :func:`~mecheval.models.ops.ssd.ssd_chunked` does.
     """
+    x, log_decay, dt, lam, angle_steps, B, C = inputs
     batch, length, heads, p = x.shape
     n_state = B.shape[-1]
     phi = angle_steps.cumsum(1)

@@ -300,7 +300,8 @@ def model(d: int = 16, **kw) -> torch.nn.Module:
 
 def test_registered_beyond_the_paper_as_mamba2_is() -> None:
     arch = get_architecture("mamba3")
-    assert "mamba3" not in PAPER_ARCHITECTURES and BUILTIN_ARCHITECTURES[-1] == "mamba3"
+    assert "mamba3" not in PAPER_ARCHITECTURES and "mamba2" not in PAPER_ARCHITECTURES
+    assert BUILTIN_ARCHITECTURES.index("mamba3") > BUILTIN_ARCHITECTURES.index("mamba2")
     assert (arch.display, arch.mlp, arch.norm, arch.init) == ("Mamba-3", False, "rms", "mamba")
     assert arch.short_conv == "d_conv" and not arch.no_conv_switch
     for layer in model().layers:

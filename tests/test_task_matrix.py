@@ -329,3 +329,19 @@ def test_reproduce_set_overrides_every_run_in_its_own_folder() -> None:
         plan_runs(spec)
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
         reproduce_spec("conv-switch", "quick", sets=["model.n_layers"])
+
+
+def test_a_runtime_field_set_on_reproduce_keeps_the_experiment_folder() -> None:
+    # Threads and device change how fast the runs train, not what: a slice trained with them
+    # lands where the full grid looks, so the grid skips it.
+    plain = reproduce_spec("ar", "paper", "mamba", widths="64", lrs="1e-3")[1]
+    sets = ["training.threads=1", "training.device=cpu", "training.kernels=reference"]
+    _, spec = reproduce_spec("ar", "paper", "mamba", widths="64", lrs="1e-3", sets=sets)
+    assert spec.name == plain.name == "ar-paper"
+    assert spec.set["training.threads"] == 1 and spec.set["training.device"] == "cpu"
+    assert [r.name for r in expand(spec)] == [r.name for r in expand(plain)]
+    # With a field that changes the runs, the name still carries that one alone.
+    _, spec = reproduce_spec(
+        "ar", "paper", "mamba", sets=["training.threads=1", "model.n_layers=1"]
+    )
+    assert spec.name == "ar-paper-L1"

@@ -209,7 +209,8 @@ def reproduce_command(
         typer.Option(
             "--set",
             help="override a field of every run, e.g. --set model.n_layers=1 (repeatable); "
-            "the runs go to their own folder, OUT/<experiment>-<preset>-L1",
+            "the runs go to their own folder, OUT/<experiment>-<preset>-L1 (training.threads, "
+            "device, compile and kernels keep the experiment's folder)",
         ),
     ] = None,
     group_size: GroupSize = None,
@@ -305,7 +306,8 @@ def reproduce_spec(
 ) -> tuple[Experiment, SweepSpec]:
     """The experiment ``name`` and the sweep ``reproduce`` runs for these option strings.
     ``sets`` (``model.n_layers=1``) override every run; the sweep is then named after them
-    (``conv-switch-quick-L1``), so its runs never mix with the experiment's own."""
+    (``conv-switch-quick-L1``), so its runs never mix with the experiment's own. Runtime
+    fields (``training.threads=1``) are not part of the name: they compute the same runs."""
     from mecheval.experiments.catalog import get_experiment
 
     experiment = get_experiment(name)
@@ -321,16 +323,21 @@ def reproduce_spec(
     if sets:
         from mecheval.experiments.grid import name_part
         from mecheval.training.config import parse_override
+        from mecheval.training.folder import RUNTIME_FIELDS
 
         fixed = {".".join(path): value for path, value in map(parse_override, sets)}
-        suffix = "-".join(name_part(key, value) for key, value in fixed.items())
+        # Threads, device, compile and kernels change how fast the runs train, not what they
+        # compute: they keep the experiment's folder, so the full grid skips what they trained.
+        runtime = {f"training.{field}" for field in RUNTIME_FIELDS}
+        named = {key: value for key, value in fixed.items() if key not in runtime}
+        suffix = "-".join(name_part(key, value) for key, value in named.items())
         # The user's overrides win over the experiment's own, its per-architecture ones too.
         per_architecture = {a: {**o, **fixed} for a, o in spec.per_architecture.items()}
         spec = spec.model_copy(
             update={
                 "set": {**spec.set, **fixed},
                 "per_architecture": per_architecture,
-                "name": f"{spec.name}-{suffix}",
+                "name": f"{spec.name}-{suffix}" if suffix else spec.name,
             }
         )
     return experiment, spec

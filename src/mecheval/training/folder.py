@@ -60,7 +60,7 @@ except ImportError:  # pragma: no cover
 
 #: Fields that may differ between the config a run was started with and the one it is resumed
 #: or skipped with: they change how fast, not what, it computes (``precision`` is not one).
-_RUNTIME_FIELDS = ("threads", "device", "compile", "kernels")
+RUNTIME_FIELDS = ("threads", "device", "compile", "kernels")
 
 
 class RunLocked(ConfigError):
@@ -103,7 +103,7 @@ def is_finished(status: Mapping[str, Any] | None) -> bool:
 
 def _comparable(cfg: RunConfig) -> dict[str, Any]:
     data = config_to_data(cfg)
-    for key in _RUNTIME_FIELDS:
+    for key in RUNTIME_FIELDS:
         data["training"].pop(key, None)
     return data
 

@@ -176,3 +176,16 @@ def test_the_checker_sees_an_upward_import_and_a_cycle() -> None:
         if targets - graph[module]
     }
     assert for_types, "no import for type checkers seen"
+
+
+def test_no_module_imports_its_own_package_back() -> None:
+    """A package's __init__ assembles it from its modules; a module that imports the
+    ``__init__`` back (the CLI's commands taking ``app`` from ``mecheval.cli``) points up
+    its own package, and importing it alone runs the whole package first."""
+    back = [
+        f"{module} -> {target}"
+        for module, imported in _graph().items()
+        for target in sorted(imported)
+        if module.startswith(target + ".")
+    ]
+    assert not back, "modules that import their own package back:\n" + "\n".join(back)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from mecheval.cli import app, check_out
+from mecheval.cli.app import app, check_out
 from mecheval.cli.options import (
     Address,
     Backend,

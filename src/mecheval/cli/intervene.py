@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from mecheval.cli import app
+from mecheval.cli.app import app
 from mecheval.cli.experiments import Documents, check_documents
 from mecheval.errors import ConfigError
 from mecheval.interventions.attribution import DEFAULT_STEPS, METHODS

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mecheval.cli import app, command_group
+from mecheval.cli.app import app, command_group
 from mecheval.models import ModelConfig, build_model, count_parameters, site_names, state_size
 from mecheval.models.registry import available_architectures, get_architecture
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import pandas as pd
 import typer
 
-from mecheval.cli import app
+from mecheval.cli.app import app
 from mecheval.errors import ConfigError
 
 

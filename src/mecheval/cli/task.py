@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from mecheval.cli import command_group
+from mecheval.cli.app import command_group
 from mecheval.errors import ConfigError
 from mecheval.tasks import SPLITS, TASKS, TaskConfig, TaskDataset, build_datasets
 from mecheval.tasks.registry import parse_task

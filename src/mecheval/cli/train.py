@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from mecheval.cli import app, check_out
+from mecheval.cli.app import app, check_out
 from mecheval.errors import ConfigError, validate
 
 

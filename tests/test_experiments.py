@@ -14,7 +14,8 @@ from mecheval.experiments import scheduling
 from mecheval.experiments.grid import SweepSpec, expand, load_sweep
 from mecheval.experiments.jobs import Job, Outcome, RunProgress
 from mecheval.experiments.mechanisms import InterventionPlan
-from mecheval.experiments.runners import make_jobs, plan_runs, run_sweep
+from mecheval.experiments.plan import plan_runs, run_values, with_overrides
+from mecheval.experiments.runners import make_jobs, run_sweep
 from mecheval.experiments.scheduling import (
     GPU_GROUP_SIZE,
     auto_group_size,
@@ -55,9 +56,10 @@ def test_names_are_readable_stable_and_unique() -> None:
         "mamba-d64-lr1e-3-s0",
         "mamba-d64-lr3e-4-s0",
     ]
-    assert runs[2].overrides["model.mixer.d_conv"] is None
-    assert "model.mixer.d_conv" not in runs[0].overrides
-    assert all(r.overrides["task.n_pairs"] == 4 for r in runs)
+    values = [run_values(spec, run) for run in runs]
+    assert values[2]["model.mixer.d_conv"] is None
+    assert "model.mixer.d_conv" not in values[0]
+    assert all(v["task.n_pairs"] == 4 for v in values)
     assert [r.name for r in expand(spec)] == [r.name for r in runs]
 
 
@@ -80,15 +82,48 @@ def test_one_runs_overrides_do_not_leak_into_the_next() -> None:
         per_architecture={"mamba": {"training.device": "mps", "model.mixer.d_conv": 2}},
     )
     before = json.dumps(TINY_BASE, sort_keys=True)
-    (_, mamba), (_, attention) = plan_runs(spec)
+    mamba, attention = (run.cfg for run in plan_runs(spec))
     assert mamba.training.device == "mps" and attention.training.device == "cpu"
     assert json.dumps(TINY_BASE, sort_keys=True) == before
 
 
 def test_planned_configs_carry_the_grid_values() -> None:
     planned = plan_runs(tiny_spec())
-    assert [cfg.training.lr for _, cfg in planned] == [1e-3, 3e-3]
-    assert [cfg.name for _, cfg in planned] == ["lr1e-3", "lr3e-3"]
+    assert [run.cfg.training.lr for run in planned] == [1e-3, 3e-3]
+    assert [run.cfg.name for run in planned] == ["lr1e-3", "lr3e-3"]
+    assert [run.run_dir for run in planned] == [Path("runs/tiny/lr1e-3"), Path("runs/tiny/lr3e-3")]
+
+
+def test_a_grid_value_reaches_its_config_as_written() -> None:
+    """The merge is typed: no value is written out as text and parsed back, so an LR with
+    more digits than ``%g`` keeps (0.000316228 of 0.00031622776601683794) is the grid's."""
+    lr = 10**-3.5
+    planned = plan_runs(tiny_spec(**{"training.lr": [lr], "training.betas": [[0.9, 0.95]]}))
+    assert [run.cfg.training.lr for run in planned] == [lr]
+    assert [run.cfg.training.betas for run in planned] == [(0.9, 0.95)]
+
+
+def test_each_source_of_a_value_wins_over_the_ones_before_it() -> None:
+    """plan.py's order: preset < base section < set < per_architecture < grid point, and
+    the command line's values over the set and per-architecture ones."""
+    spec = SweepSpec(
+        name="order",
+        base={"preset": "tiny", "task": "ar", "training": {"eval_every": 7, "seed": 3}},
+        set={"training.eval_every": 8, "training.lr": 2e-3, "training.batch_size": 8},
+        per_architecture={"mamba": {"training.eval_every": 9, "training.lr": 4e-3}},
+        grid={"model.architecture": ["mamba", "attention"], "training.batch_size": [4]},
+    )
+    mamba, attention = (run.cfg.training for run in plan_runs(spec))
+    assert (mamba.seed, mamba.eval_every, mamba.lr, mamba.batch_size) == (3, 9, 4e-3, 4)
+    assert (attention.eval_every, attention.lr, attention.steps) == (8, 2e-3, 40)  # 40: tiny's
+    mine = with_overrides(spec, {"training.lr": 5e-3})
+    assert mine.name == "order-lr5e-3"
+    assert [run.cfg.training.lr for run in plan_runs(mine)] == [5e-3, 5e-3]
+    # A field the grid varies cannot be set over it: each run would keep its grid value.
+    with pytest.raises(ConfigError, match=r"--set training.batch_size: the sweep's grid varies"):
+        with_overrides(spec, {"training.batch_size": 2})
+    # Runtime fields keep the sweep's folder.
+    assert with_overrides(spec, {"training.threads": 1}).name == "order"
 
 
 def test_bad_sweep_spec_is_one_line(tmp_path) -> None:

@@ -20,7 +20,8 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("__init__", "errors", "io", "schema"),
     ("tasks", "models"),
     ("training", "interventions"),
-    ("experiments", "report", "contract"),
+    ("report",),
+    ("experiments", "contract"),
     ("cli",),
 )
 ROOT = Path(mecheval.__file__).parent

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from mecheval.experiments.grid import load_sweep
-from mecheval.experiments.runners import plan_runs
+from mecheval.experiments.plan import plan_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "configs" / "sweep-example.yaml"
@@ -17,7 +17,7 @@ PAGE = ROOT / "docs" / "sweeps.md"
 
 def test_the_example_plans_the_runs_the_page_names() -> None:
     spec = load_sweep(EXAMPLE)
-    planned = {run.name: cfg for run, cfg in plan_runs(spec)}
+    planned = {run.name: run.cfg for run in plan_runs(spec)}
     assert list(planned) == ["attention-s0", "attention-s1", "mamba-s0", "mamba-s1"]
     page = PAGE.read_text()
     assert "It makes four runs: " + ", ".join(f"`{n}`" for n in planned) + "." in page

@@ -9,11 +9,12 @@ import json
 import pandas as pd
 import pytest
 
-from mecheval.cli.experiments import report_figures, reproduce_spec
+from mecheval.cli.experiments import reproduce_spec
 from mecheval.errors import ConfigError
 from mecheval.experiments.catalog import MATRIX_TASKS, _archs
 from mecheval.experiments.grid import SweepSpec, expand
-from mecheval.experiments.runners import plan_runs
+from mecheval.experiments.plan import plan_runs
+from mecheval.experiments.reproduce import report_figures
 from mecheval.models.registry import BUILTIN_ARCHITECTURES, PAPER_ARCHITECTURES
 from mecheval.report.matrix import best_runs, cell_text, render_matrix
 from mecheval.training.config import config_to_data
@@ -27,19 +28,20 @@ def test_the_task_axis_starts_each_run_from_its_tasks_preset() -> None:
         grid={"task": ["mqar", "noisy_ar"], "model.architecture": ["mamba", "attention"]},
     )
     planned = plan_runs(spec)
-    assert [run.name for run, _ in planned] == [
+    assert [run.name for run in planned] == [
         "mqar-mamba",
         "mqar-attention",
         "noisy_ar-mamba",
         "noisy_ar-attention",
     ]
-    for run, cfg in planned:
+    for run in planned:
+        cfg = run.cfg
         kind, arch = run.name.split("-")
         expected = preset("quick", kind, arch)
         data = config_to_data(cfg)
         assert data["task"] == {**data["task"], **expected["task"]}
         assert data["training"]["lr"] == expected["training"]["lr"]  # the task's quick LR
-        assert cfg.model.architecture == arch and "task" not in run.override_args()[0]
+        assert cfg.model.architecture == arch
 
 
 def test_the_task_axis_needs_a_preset_base() -> None:
@@ -49,7 +51,7 @@ def test_the_task_axis_needs_a_preset_base() -> None:
 
 
 def stops(spec) -> dict[str, float | None]:
-    return {run.name: cfg.training.stop_at_accuracy for run, cfg in plan_runs(spec)}
+    return {run.name: run.cfg.training.stop_at_accuracy for run in plan_runs(spec)}
 
 
 def test_quick_ar_stops_each_run_at_its_solution_but_mamba_trains_its_epochs() -> None:
@@ -74,9 +76,9 @@ def test_reproduce_task_matrix_tasks_and_archs() -> None:
     experiment, spec = reproduce_spec("task-matrix", "quick")
     assert spec.grid == {"task": MATRIX_TASKS, "model.architecture": _archs()}
     # Every cell stops at zoology's 0.99 dev accuracy; --set trains every step instead.
-    assert {cfg.training.stop_at_accuracy for _, cfg in plan_runs(spec)} == {0.99}
+    assert {run.cfg.training.stop_at_accuracy for run in plan_runs(spec)} == {0.99}
     _, spec = reproduce_spec("task-matrix", "quick", sets=["training.stop_at_accuracy=null"])
-    assert {cfg.training.stop_at_accuracy for _, cfg in plan_runs(spec)} == {None}
+    assert {run.cfg.training.stop_at_accuracy for run in plan_runs(spec)} == {None}
     assert len(expand(spec)) == len(MATRIX_TASKS) * 7
     assert report_figures(experiment, spec) == (
         "ar-restore",
@@ -323,7 +325,7 @@ def test_reproduce_set_overrides_every_run_in_its_own_folder() -> None:
     _, spec = reproduce_spec("conv-switch", "quick", sets=["model.n_layers=1"])
     assert spec.name == "conv-switch-quick-L1" and spec.set["model.n_layers"] == 1
     planned = plan_runs(spec)
-    assert planned and all(cfg.model.n_layers == 1 for _, cfg in planned)
+    assert planned and all(run.cfg.model.n_layers == 1 for run in planned)
     _, spec = reproduce_spec("conv-switch", "quick", sets=["model.n_layerz=1"])
     with pytest.raises(ConfigError, match="model.n_layerz"):
         plan_runs(spec)

@@ -8,7 +8,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -33,39 +33,36 @@ from mecheval.errors import ConfigError
 if TYPE_CHECKING:
     from mecheval.experiments.catalog import Experiment
     from mecheval.experiments.grid import SweepSpec
+    from mecheval.experiments.jobs import Outcome
+    from mecheval.experiments.mechanisms import InterventionPlan
 
 
-def _run(spec, out, workers, backend, address, retry_failed, plan, quiet, group_size, runtime):
+def _run(
+    spec: SweepSpec,
+    out: Path,
+    plan: InterventionPlan | None,
+    quiet: bool,
+    **execution: Any,
+) -> list[Outcome]:
+    """Plan and check ``spec``'s runs (nothing written on an error), run them under the
+    progress display with ``execution`` (run_sweep's workers, backend, address, group size,
+    retry_failed), and print what became of them; an interrupt names the runs it stopped."""
     from mecheval.experiments.runners import (
         check_options,
-        check_planned_devices,
-        check_run_folders,
-        plan_runs,
+        interrupted_runs,
+        plan_sweep,
         run_sweep,
     )
 
     check_out(out)
-    check_options(workers, backend)  # before the progress display's first line
-    spec = spec.model_copy(update={"set": {**spec.set, **runtime}})
-    planned = plan_runs(spec)
-    if backend == "local":  # before the display's first line; a Ray cluster's are its workers'
-        check_planned_devices(planned)
-    check_run_folders(spec, Path(out), planned)
+    backend = execution.get("backend", "local")
+    check_options(execution.get("workers", 1), backend)  # before the display's first line
+    planned = plan_sweep(spec, out, backend)
     start = time.perf_counter()
     try:
         with sweep_display(len(planned), quiet) as display:
             outcomes = run_sweep(
-                spec,
-                out,
-                workers=workers,
-                backend=backend,
-                address=address,
-                plan=plan,
-                retry_failed=retry_failed,
-                cache_dir=out / ".cache",
-                on_progress=display.update,
-                group_size=group_size,
-                planned=planned,
+                spec, out, plan=plan, on_progress=display.update, planned=planned, **execution
             )
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (Terminated): every worker stopped
         stopped = interrupted_runs(out / spec.name)
@@ -84,19 +81,6 @@ def _run(spec, out, workers, backend, address, retry_failed, plan, quiet, group_
     for o in failed:
         typer.echo(f"  failed {o.name}: {o.reason}")
     return outcomes
-
-
-def interrupted_runs(sweep_dir: Path) -> list[str]:
-    """The runs of ``sweep_dir`` whose status says an interrupt stopped them."""
-    from mecheval.training.folder import peek_status
-
-    if not sweep_dir.is_dir():
-        return []
-    return [
-        run.name
-        for run in sorted(sweep_dir.iterdir())
-        if str((peek_status(run) or {}).get("reason", "")).startswith("crashed: interrupted")
-    ]
 
 
 @app.command("sweep")
@@ -118,12 +102,19 @@ def sweep_command(
     """Train every run of a sweep into OUT/<sweep>/<run>/ (resumable; finished runs skip)."""
     from mecheval.experiments.grid import load_sweep
     from mecheval.experiments.mechanisms import InterventionPlan
+    from mecheval.experiments.plan import with_overrides
 
-    spec = load_sweep(spec_path)
-    plan = InterventionPlan() if interventions else None
-    runtime = runtime_overrides(device, compile_)
+    spec = with_overrides(load_sweep(spec_path), runtime_overrides(device, compile_))
     outcomes = _run(
-        spec, out, workers, backend, address, retry_failed, plan, quiet, group_size, runtime
+        spec,
+        out,
+        InterventionPlan() if interventions else None,
+        quiet,
+        workers=workers,
+        backend=backend,
+        address=address,
+        retry_failed=retry_failed,
+        group_size=group_size,
     )
     if any(o.state != "done" for o in outcomes):
         raise typer.Exit(1)
@@ -233,26 +224,22 @@ def reproduce_command(
         for e in list_experiments():
             typer.echo(f"{e.name:<18} {e.description}  [figures: {', '.join(e.figures)}]")
         return
-    experiment, spec = reproduce_spec(name, preset, archs, widths, lrs, seeds, tasks, sets)
+    from mecheval.experiments.reproduce import report_experiment
+
+    runtime = runtime_overrides(device, compile_)
+    experiment, spec = reproduce_spec(name, preset, archs, widths, lrs, seeds, tasks, sets, runtime)
     outcomes = _run(
         spec,
         out,
-        workers,
-        backend,
-        address,
-        retry_failed,
         replace(experiment.plan, documents=check_documents(documents)),
         quiet,
-        group_size,
-        runtime_overrides(device, compile_),
+        workers=workers,
+        backend=backend,
+        address=address,
+        retry_failed=retry_failed,
+        group_size=group_size,
     )
-    _report(
-        out / spec.name,
-        report_figures(experiment, spec),
-        matrix=experiment.matrix,
-        name=experiment.name,
-        graded=bool(experiment.plan.methods),
-    )
+    report_experiment(out / spec.name, experiment, spec, echo=typer.echo)
     if any(o.state != "done" for o in outcomes):
         raise typer.Exit(1)  # after the report, which shows what the finished runs measured
 
@@ -270,18 +257,6 @@ def parse_values(flag: str, text: str | None, kind: type) -> list | None:
     if not values or len(values) != len(items):
         raise ConfigError(f"{flag}: expected comma-separated {what}, got {text!r}")
     return values
-
-
-def report_figures(experiment: Experiment, spec: SweepSpec) -> tuple[str, ...]:
-    """The figures ``reproduce`` reports: the experiment's, or where it varies the task (the
-    matrix), each of its tasks' restore figure (``<kind>-restore``) that is registered."""
-    from mecheval.experiments.grid import TASK_AXIS
-    from mecheval.report import FIGURES
-
-    if TASK_AXIS not in spec.grid:
-        return experiment.figures
-    names = (f"{str(kind).replace('_', '-')}-restore" for kind in spec.grid[TASK_AXIS])
-    return tuple(name for name in names if name in FIGURES)
 
 
 def parse_names(flag: str, text: str | None, what: str) -> list[str] | None:
@@ -303,109 +278,23 @@ def reproduce_spec(
     seeds: str | None = None,
     tasks: str | None = None,
     sets: list[str] | None = None,
+    runtime: dict[str, Any] | None = None,
 ) -> tuple[Experiment, SweepSpec]:
-    """The experiment ``name`` and the sweep ``reproduce`` runs for these option strings.
-    ``sets`` (``model.n_layers=1``) override every run; the sweep is then named after them
-    (``conv-switch-quick-L1``), so its runs never mix with the experiment's own. Runtime
-    fields (``training.threads=1``) are not part of the name: they compute the same runs."""
-    from mecheval.experiments.catalog import get_experiment
+    """The experiment ``name`` and the sweep ``reproduce`` runs for these option strings
+    (experiments/reproduce.py's :func:`~mecheval.experiments.reproduce.experiment_sweep`);
+    ``sets`` (``model.n_layers=1``) and ``runtime`` (``--device``, ``--compile``) over every
+    run."""
+    from mecheval.experiments.reproduce import experiment_sweep
+    from mecheval.training.config import parse_override
 
-    experiment = get_experiment(name)
-    chosen = parse_names("--archs", archs, "architecture names")
-    spec = experiment.sweep(
+    values = {".".join(path): value for path, value in map(parse_override, sets or [])}
+    return experiment_sweep(
+        name,
         preset,
-        chosen,
+        archs=parse_names("--archs", archs, "architecture names"),
         widths=parse_values("--widths", widths, int),
         lrs=parse_values("--lrs", lrs, float),
         seeds=parse_values("--seeds", seeds, int),
         tasks=parse_names("--tasks", tasks, "task kinds"),
+        sets={**values, **(runtime or {})},
     )
-    if sets:
-        from mecheval.experiments.grid import name_part
-        from mecheval.training.config import parse_override
-        from mecheval.training.folder import RUNTIME_FIELDS
-
-        fixed = {".".join(path): value for path, value in map(parse_override, sets)}
-        # Threads, device, compile and kernels change how fast the runs train, not what they
-        # compute: they keep the experiment's folder, so the full grid skips what they trained.
-        runtime = {f"training.{field}" for field in RUNTIME_FIELDS}
-        named = {key: value for key, value in fixed.items() if key not in runtime}
-        suffix = "-".join(name_part(key, value) for key, value in named.items())
-        # The user's overrides win over the experiment's own, its per-architecture ones too.
-        per_architecture = {a: {**o, **fixed} for a, o in spec.per_architecture.items()}
-        spec = spec.model_copy(
-            update={
-                "set": {**spec.set, **fixed},
-                "per_architecture": per_architecture,
-                "name": f"{spec.name}-{suffix}" if suffix else spec.name,
-            }
-        )
-    return experiment, spec
-
-
-def _report(
-    experiment_dir: Path,
-    figures: tuple[str, ...],
-    matrix: str = "",
-    name: str = "",
-    graded: bool = False,
-) -> None:
-    """Print the experiment's figures and mechanism table, and save exactly what was printed
-    (figure files, and report.html with the same figures, reasons and table); ``matrix``
-    (a key of report/matrix.py's MATRICES: "task", "short conv", "eigenvalues") adds that
-    mechanism matrix first, ``graded`` the grading of the runs' attribution estimates
-    (report/grading.py)."""
-    from mecheval.experiments.store import grading_records, label_records, load_results
-    from mecheval.report import available_figures, normalise, write_figure
-    from mecheval.report.html import save_html
-
-    table = normalise(load_results(experiment_dir))
-    results, skipped = available_figures(table, list(figures))
-    if matrix:
-        from mecheval.report.matrix import MATRICES, render_matrix
-
-        columns = MATRICES[matrix]
-        if name:  # the matrix is named after its experiment
-            columns = replace(columns, name=name)
-        results.insert(0, render_matrix(label_records(experiment_dir), columns))
-    records = grading_records(experiment_dir) if graded else None
-    if records is not None and len(records):
-        from mecheval.report.grading import render_grading
-
-        results.insert(0, render_grading(records))
-    report_dir = experiment_dir / "report"
-    for result in results:
-        write_figure(result, report_dir)
-        typer.echo(result.markdown)
-    for name, why in skipped.items():
-        typer.echo(f"(figure {name} not made: {why})")
-    mechanisms = _mechanisms_markdown(experiment_dir)
-    page = save_html(
-        results, skipped, report_dir / "report.html", notes=[mechanisms] if mechanisms else []
-    )
-    typer.echo(f"report: {report_dir}/ ({page.name}: the figures and table printed here)")
-    if mechanisms:
-        typer.echo("\n" + mechanisms)
-
-
-def _mechanisms_markdown(experiment_dir: Path) -> str:
-    """The mechanism label table of the experiment's runs, headed; "" when no run has one."""
-    from mecheval.experiments.store import mechanism_summary, seed_agreement
-    from mecheval.models.registry import architecture_rank
-
-    summary = mechanism_summary(experiment_dir)
-    if "mechanism" not in summary.columns:
-        return ""
-    summary = summary.sort_values(
-        "architecture", key=lambda c: c.map(architecture_rank), kind="stable"
-    )
-    text = (
-        "Mechanisms (likelihood of the answer %, restored at the label site):\n\n"
-        + summary.drop(columns="seed").to_markdown(index=False)
-    )
-    agreement = seed_agreement(summary)
-    if (agreement["labels"].str.count(" · ") > 0).any():
-        text += "\n\nLabels over seeds:\n\n" + agreement.to_markdown(index=False)
-    elif len(agreement):
-        text += "\n\nEach label is read from one seed (--seeds 0,1,2: their agreement)."
-    return text

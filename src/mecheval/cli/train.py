@@ -58,7 +58,8 @@ def train_command(
     from mecheval.training import config as run_config
     from mecheval.training.folder import is_finished, peek_status
     from mecheval.training.presets import preset as preset_data
-    from mecheval.training.run import Terminated, stop_on_sigterm, train
+    from mecheval.training.resolved import ResolvedRun
+    from mecheval.training.run import Terminated, stop_on_sigterm, train_run
 
     if (config is None) == (preset is None):
         raise ConfigError("train: give either a CONFIG file or --preset (not both)")
@@ -78,7 +79,8 @@ def train_command(
         sys.stdout.write(run_config.dump_yaml(cfg))
         return
     assert cfg.name is not None
-    run_dir = check_out(out) / cfg.name
+    run = ResolvedRun(cfg, check_out(out) / cfg.name, cache_dir)
+    run_dir = run.run_dir
     skipped = is_finished(peek_status(run_dir))
     callbacks = []
     if track_mechanism:
@@ -88,13 +90,7 @@ def train_command(
         callbacks.append(EmergenceCallback(cfg.task, cfg.model.n_layers, cache_dir=cache_dir))
     try:
         with stop_on_sigterm():
-            status = train(
-                cfg,
-                run_dir,
-                callbacks,
-                cache_dir=cache_dir,
-                reporter=run_reporter(cfg.name, quiet),
-            )
+            status = train_run(run, callbacks, reporter=run_reporter(cfg.name, quiet))
     except KeyboardInterrupt as err:
         step = (peek_status(run_dir) or {}).get("step", 0)
         print(f"interrupted: {run_dir} at step {step}; run again to resume", file=sys.stderr)

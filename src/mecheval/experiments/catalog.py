@@ -9,7 +9,6 @@ seconds-long trainings, to check that an experiment runs end to end.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +16,6 @@ from typing import Any
 from mecheval.errors import ConfigError
 from mecheval.experiments.grid import TASK_AXIS, SweepSpec
 from mecheval.experiments.mechanisms import InterventionPlan
-from mecheval.experiments.runners import plan_runs
 from mecheval.interventions.attribution import METHODS
 from mecheval.models import get_architecture
 from mecheval.models.registry import (
@@ -29,12 +27,6 @@ from mecheval.tasks import get_task
 from mecheval.training.presets import QUICK_EPOCHS, check_preset
 
 PAPER_WIDTHS = [16, 32, 64, 128, 256]
-#: The grid axes ``reproduce`` can restrict to a subset: flag -> (config key, what it is).
-SUBSET_AXES = {
-    "--widths": ("model.d_model", "widths"),
-    "--lrs": ("training.lr", "learning rates"),
-    "--seeds": ("training.seed", "seeds"),
-}
 
 
 @dataclass(frozen=True)
@@ -60,20 +52,13 @@ class Experiment:
     accepts: Callable[[str], bool] | None = None
 
     def sweep(
-        self,
-        preset: str,
-        archs: list[str] | None = None,
-        *,
-        widths: list[int] | None = None,
-        lrs: list[float] | None = None,
-        seeds: list[int] | None = None,
-        tasks: list[str] | None = None,
+        self, preset: str, archs: list[str] | None = None, tasks: list[str] | None = None
     ) -> SweepSpec:
         """The sweep of this experiment at ``preset``; ``archs`` replaces its architectures
         (custom ones included) where the experiment compares architectures, or picks among
         them where it studies named ones (``mamba-conv``, ``mamba3-conv``), ``tasks`` its
-        tasks where it has a task axis (any registered task); ``widths``, ``lrs`` and
-        ``seeds`` keep only those values of the grid (see :func:`restrict`)."""
+        tasks where it has a task axis (any registered task). A slice of its grid (``--widths``
+        and the like) is cut where runs are planned (experiments/plan.py)."""
         check_preset(preset)
         paper = preset == "paper"
         paper_lrs = list(get_task(self.task).paper_lrs)
@@ -109,94 +94,13 @@ class Experiment:
             grid.update(self.quick_grid or {})
         running = set(grid.get("model.architecture", []))
         per_architecture = (self.per_architecture_at or {}).get(preset, {})
-        spec = SweepSpec(
+        return SweepSpec(
             name=f"{self.name}-{preset}",
             base={"preset": preset, "task": self.task},
             set={**(self.fixed or {}), **(self.fixed_at or {}).get(preset, {})},
             grid=grid,
             per_architecture={a: o for a, o in per_architecture.items() if a in running},
         )
-        subset = {"--widths": widths, "--lrs": lrs, "--seeds": seeds}
-        return restrict(spec, self.name, {f: v for f, v in subset.items() if v is not None})
-
-
-def restrict(spec: SweepSpec, experiment: str, subset: dict[str, list[Any]]) -> SweepSpec:
-    """``spec`` with the axes named in ``subset`` (flags of :data:`SUBSET_AXES`) cut to the
-    given values, each checked against what ``spec`` would run.
-
-    An axis in the grid keeps the given values that are in it, in grid order (LRs compared
-    numerically, the grid's own values kept, so run names and configs are the full grid's).
-    An axis the grid does not vary (the width and LR at ``quick``/``tiny``) accepts only the
-    one value every run uses and leaves the grid alone; where the runs use several
-    (``quick``'s per-architecture LR), the flag is an error. Seeds are not an axis of the
-    paper's grid (one seed per configuration): ``--seeds`` other than the runs' own seed adds
-    the axis, and every run then carries its seed in its name (``-s1``)."""
-    if not subset:
-        return spec
-    grid = dict(spec.grid)
-    planned: list | None = None
-    for flag, values in subset.items():
-        key, what = SUBSET_AXES[flag]
-        where = f"experiment {experiment!r} at --preset {spec.base.get('preset')}"
-        if not values:
-            raise ConfigError(f"{flag}: expected at least one value")
-        if key in grid:
-            allowed = grid[key]
-            note = ""
-        elif flag == "--seeds":
-            # The paper trains one seed per configuration: more seeds are a new axis (runs then
-            # carry an -sN suffix); the one seed the runs use already changes nothing.
-            if any(v < 0 for v in values):
-                raise ConfigError(f"--seeds: expected seeds >= 0, got {values}")
-            if planned is None:
-                planned = plan_runs(spec)
-            if {_config_value(cfg, key) for _, cfg in planned} != set(values):
-                grid[key] = list(dict.fromkeys(values))
-            continue
-        else:
-            if planned is None:
-                planned = plan_runs(spec)
-            used = {_config_value(cfg, key) for _, cfg in planned}
-            if len(used) != 1:
-                per_arch = dict.fromkeys(
-                    (cfg.model.architecture, _config_value(cfg, key)) for _, cfg in planned
-                )
-                raise ConfigError(
-                    f"{flag}: {where} does not sweep {what}; its runs use "
-                    f"{', '.join(f'{a} {_show(v)}' for a, v in per_arch)} "
-                    "(pick one architecture with --archs, or use --preset paper)"
-                )
-            allowed = list(used)
-            note = f"; it does not sweep {what}"
-        bad = [v for v in values if not any(_same(v, a) for a in allowed)]
-        if bad:
-            raise ConfigError(
-                f"{flag}: {', '.join(_show(v) for v in bad)} not in the grid of {where} "
-                f"(allowed: {', '.join(_show(a) for a in allowed)}{note})"
-            )
-        if key in grid:
-            grid[key] = [a for a in allowed if any(_same(v, a) for v in values)]
-    return spec.model_copy(update={"grid": grid})
-
-
-def _config_value(cfg: Any, key: str) -> Any:
-    for part in key.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) or isinstance(b, float):
-        return math.isclose(a, b, rel_tol=1e-9)
-    return a == b
-
-
-def _show(value: Any) -> str:
-    """LRs as in run names (``1e-3``, ``3e-5``) where that is exact, else ``%g``."""
-    if not isinstance(value, float):
-        return str(value)
-    short = f"{value:.0e}".replace("e-0", "e-")
-    return short if 0 < abs(value) < 1 and float(short) == value else f"{value:g}"
 
 
 def _archs() -> list[str]:

@@ -81,29 +81,19 @@ TASK_AXIS = "task"
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One point of a sweep: its name and the dotted overrides applied to the base."""
+    """One point of a sweep: its run's name, the grid's values there (dotted keys, and the
+    ``task`` axis) and the architecture whose ``per_architecture`` entry applies (None: no
+    run of the sweep names one)."""
 
     name: str
-    overrides: dict[str, Any] = field(default_factory=dict)
+    point: dict[str, Any] = field(default_factory=dict)
+    architecture: str | None = None
 
     @property
     def task(self) -> str | None:
         """The task kind the grid chose for this run (the ``task`` axis), if any."""
-        task = self.overrides.get(TASK_AXIS)
+        task = self.point.get(TASK_AXIS)
         return None if task is None else str(task)
-
-    def override_args(self) -> list[str]:
-        """The dotted overrides as ``key=value`` strings (YAML-parsable values); the task
-        axis is not one: it picks the preset the run starts from."""
-        return [f"{k}={format_value(v)}" for k, v in self.overrides.items() if k != TASK_AXIS]
-
-
-def format_value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, str | int | bool) or value is None:
-        return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...")
-    return yaml.safe_dump(value, default_flow_style=True).strip()
 
 
 def name_part(key: str, value: Any) -> str:
@@ -126,21 +116,22 @@ def name_part(key: str, value: Any) -> str:
 
 
 def expand(spec: SweepSpec) -> list[RunSpec]:
+    """The grid's points in order, each named from its values; what each run's config is
+    made of is merged in experiments/plan.py."""
     keys = list(spec.grid)
     runs: list[RunSpec] = []
     seen: set[str] = set()
     architectures: set[str] = set()
+    fixed = spec.set.get("model.architecture", spec.base.get("model", {}).get("architecture"))
     for values in itertools.product(*(spec.grid[k] for k in keys)):
-        overrides = dict(zip(keys, values, strict=True))
-        arch = overrides.get("model.architecture", spec.base.get("model", {}).get("architecture"))
+        point = dict(zip(keys, values, strict=True))
+        arch = point.get("model.architecture", fixed)
         architectures.add(str(arch))
-        extra = spec.per_architecture.get(str(arch), {}) if arch is not None else {}
-        merged = {**spec.set, **extra, **overrides}
-        name = "-".join(name_part(k, v) for k, v in overrides.items()) or spec.name
+        name = "-".join(name_part(k, v) for k, v in point.items()) or spec.name
         if name in seen:
             raise ConfigError(f"grid: two runs would both be named {name!r}")
         seen.add(name)
-        runs.append(RunSpec(name=name, overrides=merged))
+        runs.append(RunSpec(name, point, None if arch is None else str(arch)))
     for arch in spec.per_architecture:
         if arch not in architectures:
             # A misspelt name would otherwise leave its runs without their overrides.

@@ -6,8 +6,8 @@ so killing the sweep at any moment (kill -9 included) loses no finished run: a r
 finished runs, resumes unfinished ones from their checkpoints, and retries failed ones only
 with ``retry_failed``.
 
-Here a sweep's runs are planned (each resolved once) and made into jobs; jobs.py holds what
-a worker does with a group of jobs, scheduling.py which jobs train together and in what
+Here a sweep's planned runs (plan.py: each resolved once) are made into jobs; jobs.py holds
+what a worker does with a group of jobs, scheduling.py which jobs train together and in what
 order, pool.py the local process pool.
 """
 
@@ -16,12 +16,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from mecheval.errors import ConfigError
-from mecheval.experiments.grid import RunSpec, SweepSpec, expand
+from mecheval.experiments.grid import SweepSpec
 from mecheval.experiments.jobs import Job, Outcome, SweepEvent, execute_group
 from mecheval.experiments.mechanisms import InterventionPlan
+from mecheval.experiments.plan import check_planned_devices, check_run_folders, plan_runs
 from mecheval.experiments.pool import run_local
 from mecheval.experiments.scheduling import (
     auto_group_size,
@@ -31,54 +31,10 @@ from mecheval.experiments.scheduling import (
     on_gpu,
 )
 from mecheval.models.registry import plugin_paths
-from mecheval.training.config import RunConfig, check_device, config_from_data, resolve
-from mecheval.training.folder import STATUS_FILE, RunFolder, peek_status
-from mecheval.training.presets import preset
+from mecheval.training.folder import STATUS_FILE, peek_status
 from mecheval.training.resolved import ResolvedRun
 
 BACKENDS = ("local", "ray")
-
-
-def base_data(
-    spec: SweepSpec, architecture: str | None, task_kind: str | None = None
-) -> dict[str, Any]:
-    """The base config of a sweep: a preset reference (``preset``, ``task``) plus any
-    explicit sections, merged with the explicit sections winning. ``task_kind`` (a run's
-    value on the grid's ``task`` axis) replaces the base's task kind."""
-    base = dict(spec.base)
-    name = base.pop("preset", None)
-    task = base.pop("task", None)
-    if task_kind is not None:
-        if name is None:
-            raise ConfigError("sweep.grid.task: varies the task of a preset base only")
-        task = task_kind
-    if name is None:
-        return {"task": task, **base} if task is not None else base
-    if not isinstance(task, str):
-        raise ConfigError("sweep.base.task: with a preset, expected a task kind (ar or atr)")
-    data = preset(name, task, architecture or "attention")
-    for section, values in base.items():
-        if section not in RunConfig.model_fields:
-            raise ConfigError(f"sweep.base.{section}: unknown field")
-        if not isinstance(values, dict):
-            raise ConfigError(f"sweep.base.{section}: expected a mapping")
-        data.setdefault(section, {}).update(values)
-    return data
-
-
-def plan_runs(spec: SweepSpec) -> list[tuple[RunSpec, RunConfig]]:
-    """Every run of ``spec`` with its config resolved, the one resolution a run gets: every
-    run's config error now, before any run folder is prepared."""
-    planned = []
-    for run in expand(spec):
-        architecture = run.overrides.get("model.architecture")
-        try:
-            data = base_data(spec, architecture, run.task)
-            cfg = resolve(config_from_data(data, [*run.override_args(), f"name={run.name}"]))
-        except ConfigError as err:
-            raise ConfigError(f"sweep run {run.name}: {err}") from None
-        planned.append((run, cfg))
-    return planned
 
 
 def prepare(run_dir: Path, retry_failed: bool) -> None:
@@ -87,21 +43,26 @@ def prepare(run_dir: Path, retry_failed: bool) -> None:
         (run_dir / STATUS_FILE).unlink()
 
 
-def check_planned_devices(planned: Sequence[tuple[RunSpec, RunConfig]]) -> None:
-    """Every planned run's device is on this machine (one ``error:`` line if not)."""
-    for device in sorted({cfg.training.device for _, cfg in planned}):
-        check_device(device)
+def plan_sweep(spec: SweepSpec, out_dir: Path, backend: str = "local") -> list[ResolvedRun]:
+    """The sweep's runs, planned into ``out_dir`` (datasets cached in ``out_dir/.cache``) and
+    checked before anything is written: their folders, and where they train here (the local
+    backend; a Ray cluster's devices are its workers') their devices."""
+    planned = plan_runs(spec, out_dir, Path(out_dir) / ".cache")
+    if backend == "local":
+        check_planned_devices(planned)
+    check_run_folders(planned)
+    return planned
 
 
-def check_run_folders(
-    spec: SweepSpec, out_dir: Path, planned: Sequence[tuple[RunSpec, RunConfig]]
-) -> None:
-    """No planned run's folder holds a run of another config that trained (one ``error:``
-    line naming the folder if one does), checked before any run starts: a finished one would
-    otherwise count as this sweep's result, an unfinished one fail its run only when it
-    starts."""
-    for spec_run, cfg in planned:
-        RunFolder(Path(out_dir) / spec.name / spec_run.name, cfg).holds_other_config()
+def interrupted_runs(sweep_dir: Path) -> list[str]:
+    """The runs of ``sweep_dir`` whose status says an interrupt stopped them."""
+    if not sweep_dir.is_dir():
+        return []
+    return [
+        run.name
+        for run in sorted(sweep_dir.iterdir())
+        if str((peek_status(run) or {}).get("reason", "")).startswith("crashed: interrupted")
+    ]
 
 
 def make_jobs(
@@ -112,30 +73,29 @@ def make_jobs(
     retry_failed: bool,
     cache_dir: Path | None,
     check_devices: bool = True,
-    planned: Sequence[tuple[RunSpec, RunConfig]] | None = None,
+    planned: Sequence[ResolvedRun] | None = None,
 ) -> list[Job]:
-    """One job per planned run (``planned``: :func:`plan_runs` of ``spec``, when the caller
-    has it already, with :func:`check_run_folders` done); with ``check_devices``, every run's
-    device must be on this machine (checked before any run folder is touched)."""
-    sweep_dir = out_dir / spec.name
+    """One job per planned run (``planned``: :func:`~mecheval.experiments.plan.plan_runs` of
+    ``spec``, when the caller has it already, with its folders checked); with
+    ``check_devices``, every run's device must be on this machine (checked before any run
+    folder is touched)."""
     threads = max(1, (os.cpu_count() or 1) // max(1, workers))
     if planned is None:
-        planned = plan_runs(spec)
-        check_run_folders(spec, out_dir, planned)  # a caller that planned them checked them
+        planned = plan_runs(spec, out_dir, cache_dir)
+        check_run_folders(planned)  # a caller that planned them checked them
     if check_devices:
         check_planned_devices(planned)
     jobs = []
-    for spec_run, cfg in planned:
-        run = ResolvedRun(cfg, sweep_dir / spec_run.name, cache_dir)
+    for run in planned:
         prepare(run.run_dir, retry_failed)
         jobs.append(
             Job(
-                name=spec_run.name,
+                name=run.name,
                 run_dir=str(run.run_dir),
                 config=run.data(),
                 threads=threads,
                 plan=plan,
-                cache_dir=str(cache_dir) if cache_dir else None,
+                cache_dir=str(run.cache_dir) if run.cache_dir else None,
                 plugins=tuple(plugin_paths()),
             )
         )
@@ -185,12 +145,12 @@ def run_sweep(
     cache_dir: Path | None = None,
     on_progress: Callable[[SweepEvent], None] | None = None,
     group_size: int | None = None,
-    planned: Sequence[tuple[RunSpec, RunConfig]] | None = None,
+    planned: Sequence[ResolvedRun] | None = None,
 ) -> list[Outcome]:
     """Run every run of ``spec`` under ``out_dir/spec.name``; return one outcome per run.
     ``on_progress`` (local backend) gets each run's events (:data:`SweepEvent`) as they happen.
-    ``planned``: :func:`plan_runs` of ``spec`` where the caller has planned it already (and
-    checked its folders with :func:`check_run_folders`).
+    ``planned``: :func:`~mecheval.experiments.plan.plan_runs` of ``spec`` where the caller
+    has planned it already (and checked its folders with ``check_run_folders``).
 
     ``group_size``: the most runs trained as one stacked model (:func:`group_jobs`); None
     chooses (:func:`auto_group_size`: stacks on a GPU, one run at a time on a CPU)."""

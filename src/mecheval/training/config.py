@@ -300,22 +300,27 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
+def set_field(data: dict[str, Any], path: list[str], value: Any) -> None:
+    """Set the dotted field ``path`` of config ``data`` to ``value`` in place, making the
+    mappings on the way (``--set`` names the field in the message where one is not a mapping)."""
+    node = data
+    for i, part in enumerate(path[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif not isinstance(child, dict):
+            where = ".".join(path[: i + 1])
+            raise ConfigError(f"--set {'.'.join(path)}: {where} is not a mapping")
+        node = child
+    node[path[-1]] = value
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """``data`` with the ``a.b=value`` overrides applied, as a new mapping: the caller's (a
     sweep's base, shared by all its runs) must not carry one run's values into the next."""
     data = copy.deepcopy(data)
     for text in overrides:
-        path, value = parse_override(text)
-        node = data
-        for i, part in enumerate(path[:-1]):
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            elif not isinstance(child, dict):
-                where = ".".join(path[: i + 1])
-                raise ConfigError(f"--set {'.'.join(path)}: {where} is not a mapping")
-            node = child
-        node[path[-1]] = value
+        set_field(data, *parse_override(text))
     return data
 
 

@@ -13,11 +13,11 @@ does not resolve again.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mecheval.training.config import RunConfig, resolve, total_steps
+from mecheval.training.config import RunConfig, resolve
 from mecheval.training.folder import RunFolder
 
 
@@ -28,11 +28,9 @@ class ResolvedRun:
     cfg: RunConfig  # every derived value filled: use :meth:`of` to make one
     run_dir: Path
     cache_dir: Path | None = None
-    steps: int = field(init=False)  # training steps, epochs x steps per epoch or explicit
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "run_dir", Path(self.run_dir))
-        object.__setattr__(self, "steps", total_steps(self.cfg))
 
     @classmethod
     def of(cls, cfg: RunConfig, run_dir: str | Path, cache_dir: Path | None = None) -> ResolvedRun:

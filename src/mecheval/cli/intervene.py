@@ -54,13 +54,13 @@ def intervene_command(
     the Fig. 3-style table and the mechanism label; write interventions.csv into RUN_DIR
     (with an estimating --method also its table, attribution.csv, and its grade against
     the exact one, attribution.json)."""
-    from mecheval.experiments.mechanisms import INTERVENTIONS_FILE, InterventionPlan, intervene_run
+    from mecheval.experiments.mechanisms import InterventionPlan, intervene_run
     from mecheval.interventions import restore_view
     from mecheval.interventions.result import RESTORE_METRICS
     from mecheval.models import site_names
     from mecheval.models.sites import state_site_names
     from mecheval.training.config import check_device
-    from mecheval.training.folder import load_run
+    from mecheval.training.folder import INTERVENTIONS_FILE, load_run
 
     if split not in ("dev", "test"):
         raise ConfigError(f"--split: expected dev or test, got {split!r}")
@@ -123,8 +123,8 @@ def intervene_command(
 
 def _print_estimate(run_dir: Path, graded, n_docs: int, split: str, documents: str) -> None:
     """The estimated table, its label beside the exact one, and its grade."""
-    from mecheval.experiments.mechanisms import ATTRIBUTION_FILE, GRADES_FILE, INTERVENTIONS_FILE
     from mecheval.interventions import restore_view
+    from mecheval.training.folder import ATTRIBUTION_FILE, GRADES_FILE, INTERVENTIONS_FILE
 
     which = "" if documents == "all" else f" {documents}"
     typer.echo(

@@ -51,13 +51,15 @@ from mecheval.schema import MEASUREMENT_COLUMNS
 from mecheval.tasks import Batch, build_datasets, corrupt
 from mecheval.tasks.scores import chance_level, n_candidates
 from mecheval.training import load_run, read_status
+from mecheval.training.folder import (
+    ATTRIBUTION_FILE,
+    EMERGENCE_FILE,
+    GRADES_FILE,
+    INTERVENTIONS_FILE,
+    MECHANISM_FILE,
+)
 from mecheval.training.resolved import ResolvedRun
 
-INTERVENTIONS_FILE = "interventions.csv"
-EMERGENCE_FILE = "emergence.csv"
-MECHANISM_FILE = "mechanism.json"
-ATTRIBUTION_FILE = "attribution.csv"
-GRADES_FILE = "attribution.json"
 #: Corruption seeds are offset from the data seed so the pair (o, c) is rebuilt exactly.
 CORRUPTION_SEED_OFFSET = 7919
 

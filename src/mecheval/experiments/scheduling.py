@@ -79,8 +79,7 @@ def longest_first(groups: Sequence[Sequence[Job]]) -> list[list[Job]]:
 
 def auto_group_size(jobs: Sequence[Job]) -> int:
     """Stack runs only on a GPU: one small model leaves a GPU idle, while on a CPU a stack
-    trained at 0.25-1.2x the speed of its runs one by one (benchmarks/bench_training.py,
-    docs/performance.md)."""
+    trains no faster than its runs one by one (docs/performance.md)."""
     return GPU_GROUP_SIZE if on_gpu(jobs) else 1
 
 

@@ -36,7 +36,17 @@ import yaml
 from mecheval.errors import ConfigError, DamagedFile, first_line
 from mecheval.io import atomic_write_bytes, atomic_write_text
 from mecheval.schema import MEASUREMENT_COLUMNS
-from mecheval.training.folder import STATUS_FILE, read_status
+from mecheval.training.folder import (
+    ATTRIBUTION_FILE,
+    CONFIG_FILE,
+    EMERGENCE_FILE,
+    GRADES_FILE,
+    INTERVENTIONS_FILE,
+    MECHANISM_FILE,
+    METRICS_FILE,
+    STATUS_FILE,
+    read_status,
+)
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -78,7 +88,7 @@ def read_table(path: Path, required: Sequence[str], **options: Any) -> pd.DataFr
 
 def read_config_data(run_dir: Path) -> dict[str, Any]:
     """A run's config.yaml as a mapping ({} where there is none); DamagedFile otherwise."""
-    path = run_dir / "config.yaml"
+    path = run_dir / CONFIG_FILE
     if not path.exists():
         return {}
     try:
@@ -95,7 +105,7 @@ BEHAVIOURAL_COLUMNS = ("step", "split", "metric", "value")
 
 
 def behavioural_rows(run_dir: Path) -> pd.DataFrame:
-    path = run_dir / "metrics.csv"
+    path = run_dir / METRICS_FILE
     if not path.exists():
         return pd.DataFrame(columns=MEASUREMENT_COLUMNS)
     table = read_table(path, BEHAVIOURAL_COLUMNS)
@@ -112,7 +122,7 @@ def mechanistic_rows(run_dir: Path) -> pd.DataFrame:
     # recorded at every evaluation during training (both in the same schema).
     tables = [
         read_table(path, MEASUREMENT_COLUMNS[1:], keep_default_na=False)
-        for path in (run_dir / "interventions.csv", run_dir / "emergence.csv")
+        for path in (run_dir / INTERVENTIONS_FILE, run_dir / EMERGENCE_FILE)
         if path.exists()
     ]
     if not tables:
@@ -125,7 +135,7 @@ def mechanistic_rows(run_dir: Path) -> pd.DataFrame:
 def estimated_rows(run_dir: Path) -> pd.DataFrame:
     """``attribution.csv``: the interventions estimated from gradients, ``source`` naming
     the estimator (``attribution``, ``integrated-gradients``)."""
-    path = run_dir / "attribution.csv"
+    path = run_dir / ATTRIBUTION_FILE
     if not path.exists():
         return pd.DataFrame(columns=MEASUREMENT_COLUMNS)
     return read_table(path, MEASUREMENT_COLUMNS, keep_default_na=False)[MEASUREMENT_COLUMNS]
@@ -162,7 +172,7 @@ def graded_rows(run_dir: Path, estimated: pd.DataFrame) -> pd.DataFrame:
 
 def read_grades(run_dir: Path) -> list[dict[str, Any]]:
     """The records of a run's ``attribution.json`` (none where it has not been graded)."""
-    path = run_dir / "attribution.json"
+    path = run_dir / GRADES_FILE
     if not path.exists():
         return []
     try:
@@ -222,7 +232,7 @@ def model_state_size(model_json: str) -> int | None:
 
 
 def run_dirs(experiment_dir: Path) -> list[Path]:
-    return sorted(p for p in experiment_dir.iterdir() if (p / "config.yaml").exists())
+    return sorted(p for p in experiment_dir.iterdir() if (p / CONFIG_FILE).exists())
 
 
 def load_results(experiment_dir: str | Path) -> pd.DataFrame:
@@ -238,7 +248,7 @@ def load_results(experiment_dir: str | Path) -> pd.DataFrame:
 
 def read_label(run_dir: Path) -> dict[str, Any] | None:
     """The run's ``mechanism.json`` (None: not written); DamagedFile if unreadable."""
-    label_path = run_dir / "mechanism.json"
+    label_path = run_dir / MECHANISM_FILE
     if not label_path.exists():
         return None
     try:

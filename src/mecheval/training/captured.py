@@ -1,8 +1,8 @@
 """A stack's training step replayed as one CUDA graph.
 
 Why: at the paper's sizes a step is a few hundred tiny kernels; launched one by one from
-Python, the card waits on the host (the stacked Mamba step at K = 49 on an H200: 1,139
-model-steps/s eager, 2,167 replayed). A graph records the step's kernels once and replays them
+Python, the card waits on the host (docs/performance.md: eager against replayed). A graph
+records the step's kernels once and replays them
 with one launch. What it needs from the step: no host synchronisation, no number sent from the
 host (the learning rates, the step count and the batch come from tensors on the device, which
 stack_feed.py and :class:`~mecheval.training.stacked.StepTables` provide), and the same

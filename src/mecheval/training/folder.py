@@ -46,12 +46,20 @@ from mecheval.training.config import (
 )
 from mecheval.training.reporter import print_warning
 
+# Every file name of a run folder, here alone. Training writes these ...
 CONFIG_FILE = "config.yaml"
 MODEL_FILE = "model.safetensors"
 METRICS_FILE = "metrics.csv"
 STATUS_FILE = "status.json"
 CHECKPOINT_DIR = "checkpoint"
 LOCK_FILE = ".lock"
+# ... the emergence callback during training, and the interventions after it
+# (experiments/mechanisms.py), these.
+EMERGENCE_FILE = "emergence.csv"
+INTERVENTIONS_FILE = "interventions.csv"
+MECHANISM_FILE = "mechanism.json"
+ATTRIBUTION_FILE = "attribution.csv"
+GRADES_FILE = "attribution.json"
 
 try:  # POSIX; elsewhere run folders are not locked
     import fcntl
@@ -175,7 +183,7 @@ class RunFolder:
             # Left by an attempt that failed before its first step (its data could not be
             # built, say): nothing of it is worth keeping, so it must not block the fix.
             print_warning(f"{self.path}: replacing the config of a run that never trained")
-            for name in (STATUS_FILE, METRICS_FILE, "emergence.csv"):
+            for name in (STATUS_FILE, METRICS_FILE, EMERGENCE_FILE):
                 (self.path / name).unlink(missing_ok=True)
         status = self.status()
         return status if is_finished(status) else None

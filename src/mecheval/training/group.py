@@ -5,7 +5,7 @@ learning rates per architecture and width, then repeats seeds). At the paper's s
 leaves most of a CPU (or a GPU) idle and the per-op overhead dominates, so K models whose
 parameters are stacked along a leading dimension can train faster together than one after
 another: every kernel does K models' work for one launch (how much faster depends on the
-device; see the end of this docstring).
+device: see the end of this docstring).
 
 How: each member is an ordinary :class:`~mecheval.training.trainer.Trainer` (init from its
 seed, its own data order, metrics log, evaluation, callbacks, checkpoints); only the training
@@ -43,26 +43,23 @@ buffer, Python control flow on tensor values, an autograd.Function without a vma
 detected by a probe before training -- one vmapped forward and backward on two documents,
 compared with plain autograd per model -- and their group is trained one run at a time with
 ``train_run()`` instead, with a warning naming the error.
-With torch 2.13 seven architectures are known to pass (attention, baseconv, based, deltanet,
-h3, hyena, mamba), with three caveats that cost speed, not correctness:
+Every built-in architecture passes the probe (tests/test_training_group.py stacks each and
+holds it to its one-by-one runs), with three costs of speed, not correctness:
 
 * CPU ``scaled_dot_product_attention`` (forward and backward; attention) and
   ``unfold_backward`` (the CPU Toeplitz long convolution) have no batching rule: vmap runs
   them slice by slice.
-* Mamba's scan (a Python loop over time in an autograd.Function with a generated vmap rule)
-  works on [K, ...] intermediates K times larger (likely falling out of the CPU cache; its
-  broadcast multiplies dominate the profile): on one CPU thread a group of 5 trains Mamba
-  ~0.6x as fast as one model at a time.
+* Mamba's scan on a CPU (a Python loop over time in an autograd.Function with a generated
+  vmap rule) works on [K, ...] intermediates K times larger.
 * ``functional_call`` mis-restores a submodule reachable under two names (the implicit
   filter's shared ``Sin``), leaving a vmapped tensor in it; the group therefore calls a
   private copy of a member's model, never the member's own.
 
-On a CPU the gain is small (one thread: 0.6-1.2x; two threads: 1.1-1.3x, see
-benchmarks/bench_training.py): batching a compute-bound step adds no parallelism there. The
-win is where small models leave a device idle (a GPU, many cores): there the step runs on the
-device from batch to update and is replayed as one CUDA graph (group_trainer.py,
-stack_feed.py, captured.py; on an H200 at the paper's AR shape, K = 7: 1,000-2,800
-model-steps/s, 5-9x the same stack launched eagerly, see docs/performance.md).
+A stack pays where small models leave a device idle (a GPU, many cores): there the step runs
+on the device from batch to update and is replayed as one CUDA graph (group_trainer.py,
+stack_feed.py, captured.py). On a CPU, batching a compute-bound step adds no parallelism:
+sweeps there train one run at a time unless asked (docs/performance.md has the figures and
+benchmarks/bench_training.py measures them).
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ class Mixer(nn.Module):
     #: Whether the intervention engine resumes this mixer from its prefix states
     #: (interventions/prefix.py) or recomputes its window from the document's start. Resuming
     #: gathers each row's state, so it pays where the whole window is a sequential scan
-    #: (Mamba, GLA: 2.2x, 1.8x faster at the quick AR shape) and loses where a parallel form
+    #: (Mamba, GLA) and loses where a parallel form
     #: recomputes the window faster than states of many floats per position are gathered
     #: (Mamba-2, Gated DeltaNet, DeltaNet, Based set it False: docs/performance.md). The state
     #: site works either way. Both paths compute the same numbers (tests/test_prefix.py).

@@ -73,9 +73,7 @@ def selective_scan(
     shape, d = 64), not arithmetic. Autograd through a whole-tensor formulation made ~20 passes
     over such tensors; :class:`_SelectiveScan` walks time in [batch, d_inner, N] slabs that
     stay in the core's cache, computes the readout and every gradient inside that walk, and
-    keeps only the states and decays for the backward pass (2.7-3.3x faster forward +
-    backward than that formulation when measured at the paper's AR shape on a 2-core CPU;
-    that formulation is gone, so the ratio is not re-measured). Without gradients it keeps no
+    keeps only the states and decays for the backward pass. Without gradients it keeps no
     states at all. A chunked (SSD-style) form does not fit Mamba-1: its decay differs per
     channel *and* state, so a chunk's decay matrix is [batch, d_inner, N, c, c], c times the
     scan's traffic.

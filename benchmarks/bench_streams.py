@@ -30,7 +30,7 @@ from bench_training import configs, sync
 
 from mecheval.models import ARCHITECTURES
 from mecheval.tasks import build_datasets
-from mecheval.training.group import GroupTrainer
+from mecheval.training.stacking.group import GroupTrainer
 
 
 def on_stream(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager:

@@ -1,5 +1,6 @@
 """Training throughput (model-steps/s) per architecture: one model at a time vs a vmapped
-group of K (training/group.py), and a naive baseline with full-vocabulary logits everywhere.
+group of K (training/stacking/group.py), and a naive baseline with full-vocabulary logits
+everywhere.
 
 Three ways to do the same K x steps optimizer steps of AR training, timed in the same run:
 
@@ -9,7 +10,7 @@ Three ways to do the same K x steps optimizer steps of AR training, timed in the
   ``metrics.answer_loss``);
 * ``group``: the K models stacked and trained by ``GroupTrainer.train_step`` (one vmapped
   forward/backward, stacked AdamW, per-model clipping), each on its own data order; on a GPU
-  its step is replayed as a CUDA graph (training/captured.py);
+  its step is replayed as a CUDA graph (training/stacking/captured.py);
 * ``eager``: the same stack with the graph off (``MECHEVAL_CUDA_GRAPH=0``), only with
   ``--modes``.
 
@@ -54,8 +55,8 @@ from mecheval.models import ARCHITECTURES, build_model, count_parameters
 from mecheval.tasks import Batch, build_datasets
 from mecheval.training import resolve, total_steps
 from mecheval.training.config import RunConfig, config_from_data
-from mecheval.training.group import GroupTrainer
 from mecheval.training.presets import preset
+from mecheval.training.stacking.group import GroupTrainer
 from mecheval.training.trainer import Trainer
 
 LRS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)  # the paper's LR grid spans these

@@ -22,7 +22,7 @@ from bench_training import configs
 from torch.profiler import ProfilerActivity, profile
 
 from mecheval.tasks import build_datasets
-from mecheval.training.group import GroupTrainer
+from mecheval.training.stacking.group import GroupTrainer
 
 #: Operators that launch no kernel of their own (views, shape queries): left out on a CPU.
 NO_KERNEL = {

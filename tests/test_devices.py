@@ -133,7 +133,8 @@ def test_a_sweep_runs_a_runs_interventions_on_the_device_it_trained_on(
     interventions load the model there (the load is stopped before it needs a GPU)."""
     from small_runs import SWEEP_BASE
 
-    from mecheval.experiments import jobs, mechanisms, runners
+    from mecheval.experiments import mechanisms, runners
+    from mecheval.experiments.execution import jobs
     from mecheval.experiments.grid import SweepSpec
     from mecheval.experiments.mechanisms import InterventionPlan
 

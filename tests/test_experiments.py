@@ -10,13 +10,9 @@ import torch
 from small_runs import SWEEP_BASE
 
 from mecheval.errors import ConfigError
-from mecheval.experiments import scheduling
-from mecheval.experiments.grid import SweepSpec, expand, load_sweep
-from mecheval.experiments.jobs import Job, Outcome, RunProgress
-from mecheval.experiments.mechanisms import InterventionPlan
-from mecheval.experiments.plan import plan_runs, run_values, with_overrides
-from mecheval.experiments.runners import make_jobs, run_sweep
-from mecheval.experiments.scheduling import (
+from mecheval.experiments.execution import scheduling
+from mecheval.experiments.execution.jobs import Job, Outcome, RunProgress
+from mecheval.experiments.execution.scheduling import (
     GPU_GROUP_SIZE,
     auto_group_size,
     estimated_seconds,
@@ -24,6 +20,10 @@ from mecheval.experiments.scheduling import (
     group_jobs,
     longest_first,
 )
+from mecheval.experiments.grid import SweepSpec, expand, load_sweep
+from mecheval.experiments.mechanisms import InterventionPlan
+from mecheval.experiments.plan import plan_runs, run_values, with_overrides
+from mecheval.experiments.runners import make_jobs, run_sweep
 from mecheval.experiments.store import load_results
 from mecheval.models.sites import describe_site, parse_site, resolve_site
 from mecheval.tasks import build_datasets
@@ -413,7 +413,7 @@ def test_runs_are_grouped_by_shape_and_capped(tmp_path) -> None:
 
 
 def test_a_grouped_sweep_equals_one_run_at_a_time(tmp_path, monkeypatch) -> None:
-    from mecheval.training import group
+    from mecheval.training.stacking import group
 
     stacks = []
     original = group.GroupTrainer.run
@@ -453,7 +453,7 @@ def test_a_sweep_resolves_each_run_once_and_trains_a_lone_run_alone(tmp_path, mo
     device); the worker, the run folder, the trainer and the interventions read the
     resolved record. A run with nothing to stack goes to the single-run trainer."""
     from mecheval.training import config as config_module
-    from mecheval.training import group
+    from mecheval.training.stacking import group
 
     resolved = []
     check_buildable = config_module.check_buildable

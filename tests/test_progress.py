@@ -22,7 +22,7 @@ from mecheval.cli.progress import (
     sweep_line,
 )
 from mecheval.cli.run_progress import PlainReporter, run_reporter
-from mecheval.experiments.jobs import Outcome, QueueReporter, RunProgress
+from mecheval.experiments.execution.jobs import Outcome, QueueReporter, RunProgress
 from mecheval.training.reporter import NullReporter
 
 

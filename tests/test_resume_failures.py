@@ -335,7 +335,7 @@ def test_a_run_that_raises_in_a_worker_fails_and_the_sweep_finishes(
 def test_a_stacked_group_that_raises_fails_whole_and_the_others_finish(
     tmp_path, monkeypatch
 ) -> None:
-    from mecheval.training import group
+    from mecheval.training.stacking import group
 
     stacks = []
     original = group.GroupTrainer.run
@@ -362,7 +362,8 @@ def test_runs_trained_one_by_one_in_a_group_do_not_share_a_crash(tmp_path, monke
     # A group that cannot be stacked (here: its vmap probe made to fail) trains its runs one
     # after another; one run's crash must not keep the next from training, nor give it that
     # crash as its reason.
-    from mecheval.training import group, trainer
+    from mecheval.training import trainer
+    from mecheval.training.stacking import group
 
     monkeypatch.setattr(group, "_vmap_error", lambda _group: "declared not vmappable")
     original = trainer.Trainer.train_step

@@ -1,6 +1,7 @@
-"""Groups side by side in one process (training/turns.py, experiments/side_by_side.py): the
-threads take turns one step at a time, their runs equal one worker's byte for byte, an
-interrupt reaches every thread, and a sweep on one CUDA device takes this road."""
+"""Groups side by side in one process (training/turns.py,
+experiments/execution/side_by_side.py): the threads take turns one step at a time, their runs
+equal one worker's byte for byte, an interrupt reaches every thread, and a sweep on one CUDA
+device takes this road."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ import pytest
 import torch
 from small_runs import SWEEP_BASE
 
-from mecheval.experiments import pool, runners, side_by_side
+from mecheval.experiments import runners
+from mecheval.experiments.execution import pool, side_by_side
+from mecheval.experiments.execution.jobs import RunProgress
+from mecheval.experiments.execution.scheduling import group_jobs
 from mecheval.experiments.grid import SweepSpec
-from mecheval.experiments.jobs import RunProgress
 from mecheval.experiments.mechanisms import InterventionPlan
-from mecheval.experiments.scheduling import group_jobs
 from mecheval.training import turns
 from mecheval.training.folder import peek_status
 
@@ -168,7 +170,7 @@ def test_an_interrupt_stops_every_thread_with_its_runs_resumable(
 ) -> None:
     # Two signals: `timeout` sends SIGTERM to the command and then to its process group. The
     # second arrives while the threads are still stopping; the sweep must wait for them.
-    from mecheval.training import group_trainer
+    from mecheval.training.stacking import group_trainer
 
     original = group_trainer.GroupTrainer.train_step
 

@@ -1,4 +1,4 @@
-"""Multi-model training (training/group.py, stacked.py): a group's run folders equal
+"""Multi-model training (training/stacking/group.py, stacked.py): a group's run folders equal
 one-by-one train() runs (weights to float32 tolerance, metrics rows, statuses), per-member
 divergence, the stacked AdamW and per-model clipping against torch, grouping, skip and
 resume."""
@@ -20,12 +20,13 @@ from torch import nn
 from mecheval.models import ARCHITECTURES, registry
 from mecheval.models.mixers.base import Mixer
 from mecheval.tasks import build_datasets
-from mecheval.training import group as group_module
-from mecheval.training import group_trainer, read_status, resolve, train
+from mecheval.training import read_status, resolve, train
 from mecheval.training.config import total_steps
-from mecheval.training.group import GroupTrainer, groupable, train_group
-from mecheval.training.stack_feed import StackedBatches
-from mecheval.training.stacked import StackedAdamW, clip_grad_norms_, pad_stack
+from mecheval.training.stacking import group as group_module
+from mecheval.training.stacking import group_trainer
+from mecheval.training.stacking.group import GroupTrainer, groupable, train_group
+from mecheval.training.stacking.stack_feed import StackedBatches
+from mecheval.training.stacking.stacked import StackedAdamW, clip_grad_norms_, pad_stack
 from mecheval.training.trainer import Trainer
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

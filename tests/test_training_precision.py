@@ -24,8 +24,8 @@ from mecheval.models import ARCHITECTURES, ModelConfig, build_model
 from mecheval.tasks import build_datasets
 from mecheval.training import Trainer, evaluate, load_run, read_status, resolve, train
 from mecheval.training.folder import check_same_config
-from mecheval.training.group import groupable, train_group
 from mecheval.training.precision import tf32
+from mecheval.training.stacking.group import groupable, train_group
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -32,8 +32,8 @@ from mecheval.errors import ConfigError
 
 if TYPE_CHECKING:
     from mecheval.experiments.catalog import Experiment
+    from mecheval.experiments.execution.jobs import Outcome
     from mecheval.experiments.grid import SweepSpec
-    from mecheval.experiments.jobs import Outcome
     from mecheval.experiments.mechanisms import InterventionPlan
 
 

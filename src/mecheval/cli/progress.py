@@ -2,7 +2,7 @@
 
 ``train`` shows one run (a ``mecheval.training.reporter.Reporter``, in
 :mod:`mecheval.cli.run_progress`); ``sweep`` and ``reproduce`` show a sweep from its events
-(``mecheval.experiments.jobs.SweepEvent``).
+(``mecheval.experiments.execution.jobs.SweepEvent``).
 Where stderr is not a terminal (``make quick > log 2>&1``) a bar would draw nothing until
 the end, so plain lines come instead: every :data:`PLAIN_EVERY` seconds and when a run ends.
 
@@ -29,7 +29,7 @@ from rich.progress import (
 )
 
 if TYPE_CHECKING:
-    from mecheval.experiments.jobs import Outcome, RunProgress, SweepEvent
+    from mecheval.experiments.execution.jobs import Outcome, RunProgress, SweepEvent
 
 #: Seconds between two plain progress lines (a log is read, not watched).
 PLAIN_EVERY = 10.0
@@ -229,7 +229,7 @@ class SweepTracker:
 def _outcome(event: SweepEvent) -> Outcome | None:
     """The event as a run's outcome; None for a progress event. (Imported on use: the
     runners weigh half a second on a CLI that may only print --help.)"""
-    from mecheval.experiments.jobs import Outcome
+    from mecheval.experiments.execution.jobs import Outcome
 
     return event if isinstance(event, Outcome) else None
 

@@ -6,9 +6,8 @@ so killing the sweep at any moment (kill -9 included) loses no finished run: a r
 finished runs, resumes unfinished ones from their checkpoints, and retries failed ones only
 with ``retry_failed``.
 
-Here a sweep's planned runs (plan.py: each resolved once) are made into jobs; jobs.py holds
-what a worker does with a group of jobs, scheduling.py which jobs train together and in what
-order, pool.py the local process pool.
+Here a sweep's planned runs (plan.py: each resolved once) are made into jobs and handed to
+execution/: pool.py (local), cluster.py (Ray).
 """
 
 from __future__ import annotations
@@ -18,18 +17,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from mecheval.errors import ConfigError
+from mecheval.experiments.execution.cluster import run_on_ray
+from mecheval.experiments.execution.jobs import Job, Outcome, SweepEvent
+from mecheval.experiments.execution.pool import run_local
+from mecheval.experiments.execution.scheduling import auto_group_size
 from mecheval.experiments.grid import SweepSpec
-from mecheval.experiments.jobs import Job, Outcome, SweepEvent, execute_group
 from mecheval.experiments.mechanisms import InterventionPlan
 from mecheval.experiments.plan import check_planned_devices, check_run_folders, plan_runs
-from mecheval.experiments.pool import run_local
-from mecheval.experiments.scheduling import (
-    auto_group_size,
-    gpu_share,
-    group_jobs,
-    in_job_order,
-    on_gpu,
-)
 from mecheval.models.registry import plugin_paths
 from mecheval.training.folder import STATUS_FILE, peek_status
 from mecheval.training.resolved import ResolvedRun
@@ -102,30 +96,6 @@ def make_jobs(
     return jobs
 
 
-def run_ray(jobs: Sequence[Job], address: str | None, group_size: int = 1) -> list[Outcome]:
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError("--backend ray: needs Ray (pip install 'mecheval[ray]')") from None
-    groups = group_jobs(jobs, group_size)
-    started_here = not ray.is_initialized()
-    if started_here:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    try:
-        share = gpu_share(groups, ray.cluster_resources().get("GPU", 0))
-        remote = ray.remote(num_cpus=jobs[0].threads if jobs else 1)(execute_group)
-        results = ray.get(
-            [
-                remote.options(num_gpus=share if on_gpu(group) else 0).remote(group)
-                for group in groups
-            ]
-        )
-    finally:
-        if started_here:
-            ray.shutdown()
-    return in_job_order(jobs, groups, results)
-
-
 def check_options(workers: int, backend: str) -> None:
     if backend not in BACKENDS:
         raise ConfigError(f"--backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -160,5 +130,5 @@ def run_sweep(
     jobs = make_jobs(spec, Path(out_dir), workers, plan, retry_failed, cache_dir, here, planned)
     size = auto_group_size(jobs) if group_size is None else group_size
     if backend == "ray":
-        return run_ray(jobs, address, size)
+        return run_on_ray(jobs, address, size)
     return run_local(jobs, workers, on_progress, size)

@@ -12,7 +12,7 @@ Same function, other arithmetic order: outputs agree to float32 rounding (the pa
 tests/test_kernels.py run where CUDA and the packages are present). A call falls back to the
 reference when the kernel cannot take it (CPU tensors, a package missing, an unsupported
 width) and under ``torch.func`` transforms (a vmapped stack of runs, see
-``mecheval.training.group``), for which these kernels have no batching rule.
+``mecheval.training.stacking.group``), for which these kernels have no batching rule.
 
 Only the training forward runs inside :func:`fused_kernels`; evaluation and interventions
 use the reference, so every reported metric comes from the same code on every device.

@@ -9,11 +9,11 @@ from mecheval.training.config import (
     total_steps,
 )
 from mecheval.training.folder import RunFolder, load_run, read_status
-from mecheval.training.group import groupable, train_group
 from mecheval.training.metrics import answer_loss, evaluate
 from mecheval.training.reporter import NullReporter, Reporter
 from mecheval.training.run import train
 from mecheval.training.schedule import lr_factor, make_scheduler
+from mecheval.training.stacking.group import groupable, train_group
 from mecheval.training.trainer import Callback, Diverged, Trainer
 
 __all__ = [

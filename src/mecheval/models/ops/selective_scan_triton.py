@@ -15,7 +15,7 @@ every state for it.
 Stacks of runs: both kernels take a leading *group* dimension (one per stacked model, each
 with its own A), and each runs inside an autograd.Function whose vmap rule folds the vmapped
 dimension into it (:func:`~mecheval.models.ops.triton_path.fold`), so
-``vmap(grad_and_value(...))`` (training/group_trainer.py) runs one launch for the whole
+``vmap(grad_and_value(...))`` (training/stacking/group_trainer.py) runs one launch for the whole
 stack. Triton also runs these kernels on the CPU under ``TRITON_INTERPRET=1``, which is how
 the tests without a GPU hold them to the reference.
 """

@@ -19,7 +19,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 
-from mecheval.experiments.jobs import (
+from mecheval.experiments.execution.jobs import (
     CallbackSink,
     Job,
     Outcome,

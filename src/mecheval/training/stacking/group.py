@@ -12,7 +12,7 @@ seed, its own data order, metrics log, evaluation, callbacks, checkpoints); only
 step is replaced. Parameters are stacked with ``torch.func.stack_module_state``; one
 ``vmap(grad_and_value(functional_call(...)))`` computes every member's loss and gradient on its
 own batch (members with different seeds see different documents); gradients are clipped per
-member (each model's own norm) and :class:`~mecheval.training.stacked.StackedAdamW` applies
+member (each model's own norm) and :class:`~mecheval.training.stacking.stacked.StackedAdamW` applies
 AdamW with each member's own learning rate (read from its own LambdaLR, so the schedule is the
 single-run code) and weight decay; that arithmetic lives in stacked.py, the run folders in
 folder.py (the same life cycle as a single run's). At each evaluation a member's slice is
@@ -75,11 +75,11 @@ from typing import Any
 from mecheval.training.checkpoint import CorruptCheckpoint, checkpoint_step, has_checkpoint
 from mecheval.training.config import RunConfig, check_device
 from mecheval.training.folder import RunFolder
-from mecheval.training.group_trainer import GroupTrainer
-from mecheval.training.grouping import group_key, groupable
 from mecheval.training.reporter import ReporterFactory, null_reporter
 from mecheval.training.resolved import ResolvedRun
 from mecheval.training.run import crash_reason, train_run
+from mecheval.training.stacking.group_trainer import GroupTrainer
+from mecheval.training.stacking.grouping import group_key, groupable
 from mecheval.training.threads import torch_threads
 from mecheval.training.trainer import Callback
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mecheval.errors import ConfigError
-from mecheval.experiments.jobs import Job, Outcome
+from mecheval.experiments.execution.jobs import Job, Outcome
 from mecheval.training.config import RunConfig
 from mecheval.training.folder import is_finished, peek_status
 
@@ -90,12 +90,12 @@ def on_gpu(jobs: Sequence[Job]) -> bool:
 def group_jobs(jobs: Sequence[Job], group_size: int) -> list[list[Job]]:
     """Jobs partitioned into groups of at most ``group_size`` runs that train as one stacked
     model (same architecture and shapes, any LR/seed/decay/clipping: see
-    ``mecheval.training.group.groupable``), in the order of the jobs."""
+    ``mecheval.training.stacking.group.groupable``), in the order of the jobs."""
     if group_size < 1:
         raise ConfigError(f"--group-size: expected >= 1, got {group_size}")
     if group_size == 1:
         return [[job] for job in jobs]
-    from mecheval.training.group import groupable
+    from mecheval.training.stacking.group import groupable
 
     by_worker: dict[tuple, list[Job]] = {}
     for job in jobs:  # a stack shares one worker's settings too

@@ -5,7 +5,7 @@ Python, the card waits on the host (docs/performance.md: eager against replayed)
 records the step's kernels once and replays them
 with one launch. What it needs from the step: no host synchronisation, no number sent from the
 host (the learning rates, the step count and the batch come from tensors on the device, which
-stack_feed.py and :class:`~mecheval.training.stacked.StepTables` provide), and the same
+stack_feed.py and :class:`~mecheval.training.stacking.stacked.StepTables` provide), and the same
 tensors at every replay (the group recaptures after its stack shrinks).
 
 The first ``warmup`` calls run eagerly on a side stream (as torch's capture guide asks: lazy

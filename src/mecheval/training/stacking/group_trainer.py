@@ -18,16 +18,16 @@ from torch.func import grad_and_value, stack_module_state, vmap
 
 from mecheval.tasks import Batch
 from mecheval.tasks.batch import ANSWER_POSITIONS, ANSWERS
-from mecheval.training.captured import CapturedStep, graphs_enabled
 from mecheval.training.checkpoint import save_checkpoint
 from mecheval.training.config import RunConfig, warmup_steps
-from mecheval.training.grouping import group_key
 from mecheval.training.metrics import answer_loss, multi_answer_loss
 from mecheval.training.precision import autocast, rounding_eps, tf32
 from mecheval.training.reporter import NullReporter, Reporter
 from mecheval.training.schedule import lr_factor
-from mecheval.training.stack_feed import LossWatch, StackedBatches, check_interval
-from mecheval.training.stacked import (
+from mecheval.training.stacking.captured import CapturedStep, graphs_enabled
+from mecheval.training.stacking.grouping import group_key
+from mecheval.training.stacking.stack_feed import LossWatch, StackedBatches, check_interval
+from mecheval.training.stacking.stacked import (
     Functional,
     GradClip,
     StackedAdamW,

@@ -106,7 +106,7 @@ def crash_text(err: BaseException) -> str:
 
 def execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
     """Train a group of runs (one stacked model where they form one, see
-    ``mecheval.training.group``; skip/resume as their folders say), then intervene in each.
+    ``mecheval.training.stacking.group``; skip/resume as their folders say), then intervene in each.
     Runs in a worker; the jobs share their worker settings (threads, plan, plugins).
 
     Raises nothing but an interrupt: a group that fails anywhere (its training, or before:
@@ -120,8 +120,8 @@ def execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
 
 
 def _execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
-    from mecheval.training.group import train_runs
     from mecheval.training.run import train_run
+    from mecheval.training.stacking.group import train_runs
     from mecheval.training.threads import set_torch_threads
 
     first = jobs[0]

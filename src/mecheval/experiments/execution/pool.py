@@ -18,7 +18,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from contextlib import suppress
 from typing import Any
 
-from mecheval.experiments.jobs import (
+from mecheval.experiments.execution.jobs import (
     CallbackSink,
     Job,
     Outcome,
@@ -27,8 +27,8 @@ from mecheval.experiments.jobs import (
     crash_text,
     execute_group,
 )
-from mecheval.experiments.scheduling import group_jobs, in_job_order, longest_first
-from mecheval.experiments.side_by_side import on_one_gpu, run_side_by_side
+from mecheval.experiments.execution.scheduling import group_jobs, in_job_order, longest_first
+from mecheval.experiments.execution.side_by_side import on_one_gpu, run_side_by_side
 from mecheval.training.run import Terminated, raise_interrupt, stop_on_sigterm
 
 

@@ -24,8 +24,10 @@ setup: $(VENV)/.extras
 quick: $(BIN)/mecheval
 	$(BIN)/mecheval reproduce ar --preset quick --workers 2
 
+# The tests in up to four processes (two on a 2-core machine; the tests of one xdist_group in
+# one of them); `pytest` alone runs them in this one.
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadgroup
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks scripts

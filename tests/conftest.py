@@ -1,4 +1,8 @@
+import json
 import os
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -45,3 +49,68 @@ def native_calls(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(native, "call", spy)
     return calls
+
+
+@dataclass(frozen=True)
+class Reproduced:
+    """What ``mecheval reproduce NAME --preset tiny --workers 2 -q`` did: its exit code and
+    output, and the folder it wrote (``runs/NAME-tiny``)."""
+
+    exit_code: int
+    output: str
+    folder: Path
+
+
+@dataclass(frozen=True)
+class TinyExperiments:
+    """Every registered experiment at the tiny preset, each run the first time it is asked
+    for: ``experiments[name]``, or all of them with :meth:`runs`."""
+
+    root: Path
+
+    def __getitem__(self, name: str) -> Reproduced:
+        from filelock import FileLock
+
+        record = self.root / "results" / f"{name}.json"
+        with FileLock(str(self.root / f"{name}.lock")):  # one process runs it, others wait
+            if not record.exists():
+                record.parent.mkdir(parents=True, exist_ok=True)
+                record.write_text(json.dumps(_reproduce(name, self.root / "runs")))
+        done = json.loads(record.read_text())
+        return Reproduced(done["exit_code"], done["output"], self.root / "runs" / f"{name}-tiny")
+
+    def runs(self) -> Path:
+        """The --out folder, every experiment finished in it (and the data cache)."""
+        from mecheval.experiments.catalog import list_experiments
+
+        for experiment in list_experiments():
+            self[experiment.name]
+        return self.root / "runs"
+
+
+@pytest.fixture(scope="session")
+def tiny_experiments(tmp_path_factory) -> TinyExperiments:
+    """Every registered experiment at the tiny preset, run once per test session as a user
+    starts it (``mecheval reproduce NAME --preset tiny --workers 2``) into one folder: the
+    end-to-end tests (tests/test_reproduce_all.py) read what each printed and wrote, and the
+    pages' commands (tests/test_doc_commands.py) start from its finished runs, so that a
+    ``reproduce`` there reports instead of training again. Under pytest-xdist the workers
+    share the folder: the first to ask for an experiment runs it, another waits for it."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # shared by the session's workers
+    return TinyExperiments(base / "tiny-experiments")
+
+
+def _reproduce(name: str, out: Path) -> dict:
+    from typer.testing import CliRunner
+
+    from mecheval.cli import _register, app
+
+    _register()
+    args = ["reproduce", name, "--preset", "tiny", "--workers", "2", "-q", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    output = result.output
+    if result.exception is not None and result.exit_code not in (0, 1):
+        output += "".join(traceback.format_exception(result.exception))
+    return {"exit_code": result.exit_code, "output": output}

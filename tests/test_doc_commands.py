@@ -2,12 +2,12 @@
 
 Each shell block of the pages is run as a script, its commands in order, in its own copy of
 a scratch folder that holds what the pages assume: ``configs/`` (the repository's), the
-custom architecture page's plugin file, a sweep file of that plugin, a finished run and a
-finished sweep. Each command must exit 0 without a traceback. What changes in a command
-before it runs is in :data:`SUBSTITUTIONS` (placeholders, and presets that would train for
-minutes, at the ``tiny`` preset: the same pipeline in seconds); the commands that cannot run
-here are in :data:`NOT_RUN`, each with its reason. A command added to a page is run by
-default.
+custom architecture page's plugin file, a sweep file of that plugin, a finished run, a
+finished sweep, and every registered experiment finished at the tiny preset. Each command
+must exit 0 without a traceback. What changes in a command before it runs is in
+:data:`SUBSTITUTIONS` (placeholders, and presets that would train for minutes, at the
+``tiny`` preset: the same pipeline in seconds); the commands that cannot run here are in
+:data:`NOT_RUN`, each with its reason. A command added to a page is run by default.
 
 The pages' Python blocks are run too: those another test runs with its own checks are
 claimed by :func:`_tested_elsewhere` (the claim checked against that test's own reading of
@@ -180,11 +180,15 @@ def _ok(result: subprocess.CompletedProcess, command: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory) -> Path:
-    """What the pages assume: configs/, the plugin and a sweep of it, a run, a sweep."""
+def workspace(tmp_path_factory, tiny_experiments) -> Path:
+    """What the pages assume: configs/, the plugin and a sweep of it, a run, a sweep; and
+    every registered experiment finished at the tiny preset (tests/conftest.py), so that a
+    page's ``reproduce`` reports instead of training again: tests/test_reproduce_all.py
+    holds each experiment's training from scratch."""
     from test_custom_architecture import doc_example
 
     folder = tmp_path_factory.mktemp("docs")
+    shutil.copytree(tiny_experiments.runs(), folder / "runs")
     shutil.copytree(ROOT / "configs", folder / "configs")
     (folder / "gated_linear_attention.py").write_text(doc_example())
     # The custom architecture page's my-sweep.yaml ("model.architecture: my-gla").

@@ -231,6 +231,8 @@ def test_site_grammar() -> None:
     assert describe_site("layers.0.mixer.conv.output") == "layer 0's mixer conv output"
 
 
+# Both Ray tests start a local cluster of this machine: in one test process, one at a time.
+@pytest.mark.xdist_group("ray")
 def test_ray_backend_on_a_local_instance(tmp_path) -> None:
     import ray  # the `ray` extra: `make setup` installs it, so CI always runs this test
 
@@ -259,6 +261,7 @@ def test_gpu_groups_ask_ray_for_a_share_of_a_card() -> None:
         gpu_share([gpu], cards=0)
 
 
+@pytest.mark.xdist_group("ray")
 def test_a_cuda_sweep_on_ray_asks_for_gpus_and_each_worker_checks_its_device(
     tmp_path, monkeypatch
 ) -> None:

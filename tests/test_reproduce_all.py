@@ -30,13 +30,12 @@ def test_the_catalog_is_what_reproduce_lists() -> None:
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
-def test_experiment_runs_end_to_end_at_tiny(name: str, tmp_path) -> None:
-    _register()
-    result = CliRunner().invoke(
-        app, ["reproduce", name, "--preset", "tiny", "--workers", "2", "-q", "--out", str(tmp_path)]
-    )
+def test_experiment_runs_end_to_end_at_tiny(name: str, tiny_experiments) -> None:
+    """``mecheval reproduce NAME --preset tiny --workers 2`` (run once per session by the
+    ``tiny_experiments`` fixture, tests/conftest.py, which the pages' commands start from)."""
+    result = tiny_experiments[name]
     assert result.exit_code == 0, result.output
-    folder = tmp_path / f"{name}-tiny"
+    folder = result.folder
     runs = [p for p in folder.iterdir() if (p / "config.yaml").exists()]
     assert runs
     assert all(read_status(run)["state"] == "done" for run in runs), [

@@ -15,14 +15,20 @@ import typer
 from mecheval.cli.app import app, check_out
 from mecheval.cli.options import (
     Address,
+    Archs,
     Backend,
     Compile,
     Device,
     Documents,
     GroupSize,
+    Lrs,
     Out,
     Quiet,
     RetryFailed,
+    Seeds,
+    Sets,
+    Tasks,
+    Widths,
     Workers,
     check_documents,
     runtime_overrides,
@@ -156,54 +162,12 @@ def reproduce_command(
     address: Address = None,
     retry_failed: RetryFailed = False,
     list_: Annotated[bool, typer.Option("--list", help="list the experiments")] = False,
-    archs: Annotated[
-        str | None,
-        typer.Option(
-            help="comma-separated architectures instead of the paper's seven; 'all': every "
-            "registered one the experiment can train (the built-ins beyond the paper, plugins); "
-            "an experiment about named architectures (mamba-conv, mamba3-conv, ...) runs the "
-            "ones given among its own",
-        ),
-    ] = None,
-    tasks: Annotated[
-        str | None,
-        typer.Option(
-            help="task-matrix only: comma-separated task kinds instead of its nine "
-            "(ar,noisy_ar,overwrite_ar,mqar,compositional_mqar,reverse_ar,stacked_mqar,"
-            "parity,s3; atr too)",
-        ),
-    ] = None,
-    widths: Annotated[
-        str | None,
-        typer.Option(
-            help="comma-separated model widths: run only these of the grid's "
-            "(paper: 16,32,64,128,256; quick and tiny have one width, 64 and 16)",
-        ),
-    ] = None,
-    lrs: Annotated[
-        str | None,
-        typer.Option(
-            help="comma-separated peak LRs: run only these of the grid's, compared as numbers "
-            "(1e-3 = 0.001); at quick and tiny, where the LR is not swept, only the one LR "
-            "the runs use (quick AR tunes it per architecture: choose one with --archs)",
-        ),
-    ] = None,
-    seeds: Annotated[
-        str | None,
-        typer.Option(
-            help="comma-separated training seeds: the paper trains one seed (0) per "
-            "configuration; other seeds add a seed axis (run names then end in -sN)",
-        ),
-    ] = None,
-    sets: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--set",
-            help="override a field of every run, e.g. --set model.n_layers=1 (repeatable); "
-            "the runs go to their own folder, OUT/<experiment>-<preset>-L1 (training.threads, "
-            "device, compile and kernels keep the experiment's folder)",
-        ),
-    ] = None,
+    archs: Archs = None,
+    tasks: Tasks = None,
+    widths: Widths = None,
+    lrs: Lrs = None,
+    seeds: Seeds = None,
+    sets: Sets = None,
     group_size: GroupSize = None,
     device: Device = None,
     compile_: Compile = False,

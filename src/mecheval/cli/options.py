@@ -1,5 +1,5 @@
-"""The options a sweep's commands share (`sweep`, `reproduce`, and `intervene` for
---documents): their types and help once, and the checks they need beyond their type."""
+"""The options of the sweep commands (`sweep`, `reproduce`, and `intervene` for --documents):
+their types and help once, and the checks they need beyond their type."""
 
 from __future__ import annotations
 
@@ -35,6 +35,57 @@ def check_documents(documents: str) -> str:
     if documents not in ("all", "key-dependent"):
         raise ConfigError(f"--documents: expected all or key-dependent, got {documents!r}")
     return documents
+
+
+# `reproduce`'s cut of an experiment's grid, and its overrides.
+Archs = Annotated[
+    str | None,
+    typer.Option(
+        help="comma-separated architectures instead of the paper's seven; 'all': every "
+        "registered one the experiment can train (the built-ins beyond the paper, plugins); "
+        "an experiment about named architectures (mamba-conv, mamba3-conv, ...) runs the "
+        "ones given among its own",
+    ),
+]
+Tasks = Annotated[
+    str | None,
+    typer.Option(
+        help="task-matrix only: comma-separated task kinds instead of its nine "
+        "(ar,noisy_ar,overwrite_ar,mqar,compositional_mqar,reverse_ar,stacked_mqar,"
+        "parity,s3; atr too)",
+    ),
+]
+Widths = Annotated[
+    str | None,
+    typer.Option(
+        help="comma-separated model widths: run only these of the grid's "
+        "(paper: 16,32,64,128,256; quick and tiny have one width, 64 and 16)",
+    ),
+]
+Lrs = Annotated[
+    str | None,
+    typer.Option(
+        help="comma-separated peak LRs: run only these of the grid's, compared as numbers "
+        "(1e-3 = 0.001); at quick and tiny, where the LR is not swept, only the one LR "
+        "the runs use (quick AR tunes it per architecture: choose one with --archs)",
+    ),
+]
+Seeds = Annotated[
+    str | None,
+    typer.Option(
+        help="comma-separated training seeds: the paper trains one seed (0) per "
+        "configuration; other seeds add a seed axis (run names then end in -sN)",
+    ),
+]
+Sets = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        help="override a field of every run, e.g. --set model.n_layers=1 (repeatable); "
+        "the runs go to their own folder, OUT/<experiment>-<preset>-L1 (training.threads, "
+        "device, compile and kernels keep the experiment's folder); not a field the grid varies",
+    ),
+]
 
 
 GroupSize = Annotated[

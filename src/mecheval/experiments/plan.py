@@ -159,40 +159,39 @@ def restrict(spec: SweepSpec, experiment: str, subset: Mapping[str, list[Any]]) 
         if not values:
             raise ConfigError(f"{flag}: expected at least one value")
         if key in grid:
-            allowed = grid[key]
-            note = ""
-        elif flag == "--seeds":
+            grid[key] = _kept(flag, values, grid[key], where)
+            continue
+        planned = planned or plan_runs(spec)
+        used = {_config_value(run.cfg, key) for run in planned}
+        if flag == "--seeds":
             # The paper trains one seed per configuration: more seeds are a new axis (runs then
             # carry an -sN suffix); the one seed the runs use already changes nothing.
             if any(v < 0 for v in values):
                 raise ConfigError(f"--seeds: expected seeds >= 0, got {values}")
-            planned = planned or plan_runs(spec)
-            if {_config_value(run.cfg, key) for run in planned} != set(values):
+            if used != set(values):
                 grid[key] = list(dict.fromkeys(values))
-            continue
-        else:
-            planned = planned or plan_runs(spec)
-            used = {_config_value(run.cfg, key) for run in planned}
-            if len(used) != 1:
-                per_arch = dict.fromkeys(
-                    (run.architecture, _config_value(run.cfg, key)) for run in planned
-                )
-                raise ConfigError(
-                    f"{flag}: {where} does not sweep {what}; its runs use "
-                    f"{', '.join(f'{a} {_show(v)}' for a, v in per_arch)} "
-                    "(pick one architecture with --archs, or use --preset paper)"
-                )
-            allowed = list(used)
-            note = f"; it does not sweep {what}"
-        bad = [v for v in values if not any(_same(v, a) for a in allowed)]
-        if bad:
+        elif len(used) != 1:
+            per_arch = dict.fromkeys((r.architecture, _config_value(r.cfg, key)) for r in planned)
             raise ConfigError(
-                f"{flag}: {', '.join(_show(v) for v in bad)} not in the grid of {where} "
-                f"(allowed: {', '.join(_show(a) for a in allowed)}{note})"
+                f"{flag}: {where} does not sweep {what}; its runs use "
+                f"{', '.join(f'{a} {_show(v)}' for a, v in per_arch)} "
+                "(pick one architecture with --archs, or use --preset paper)"
             )
-        if key in grid:
-            grid[key] = [a for a in allowed if any(_same(v, a) for v in values)]
+        else:
+            _kept(flag, values, list(used), where, f"; it does not sweep {what}")
     return spec.model_copy(update={"grid": grid})
+
+
+def _kept(flag: str, values: list[Any], allowed: list[Any], where: str, note: str = "") -> list:
+    """The ``allowed`` values (in their order) that ``values`` name; a ConfigError naming
+    ``flag`` where one of ``values`` is not allowed."""
+    bad = [v for v in values if not any(_same(v, a) for a in allowed)]
+    if bad:
+        raise ConfigError(
+            f"{flag}: {', '.join(_show(v) for v in bad)} not in the grid of {where} "
+            f"(allowed: {', '.join(_show(a) for a in allowed)}{note})"
+        )
+    return [a for a in allowed if any(_same(v, a) for v in values)]
 
 
 def _config_value(cfg: Any, key: str) -> Any:

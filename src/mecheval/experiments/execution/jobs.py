@@ -132,24 +132,9 @@ def _execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
         use_plugins(first.plugins)
     runs = [job.run() for job in jobs]
     already = [peek_status(run.run_dir) for run in runs]
-    callbacks = []
-    if first.plan is not None and first.plan.during_training:
-        from mecheval.experiments.mechanisms import EmergenceCallback
+    callbacks = _emergence(first.plan, runs[0])
 
-        callbacks.append(
-            EmergenceCallback(
-                runs[0].cfg.task,
-                runs[0].cfg.model.n_layers,
-                cache_dir=runs[0].cache_dir,
-                documents=first.plan.documents,
-            )
-        )
-
-    def reporter_for(members: Sequence[RunConfig]) -> QueueReporter:
-        label = str(members[0].name) + (f" +{len(members) - 1}" if len(members) > 1 else "")
-        return QueueReporter(label, progress, runs=len(members))
-
-    reporter = reporter_for if progress is not None else None
+    reporter = _reporters(progress) if progress is not None else None
 
     def train_some(indices: Sequence[int]) -> str:
         """Train these runs of the group; the crash that stopped them ("" if none)."""
@@ -182,6 +167,28 @@ def _execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
         _finish(job, run, before, crash)
         for job, run, before, crash in zip(jobs, runs, already, crashes, strict=True)
     ]
+
+
+def _reporters(progress: Any) -> Callable[[Sequence[RunConfig]], QueueReporter]:
+    """A reporter per run or stack, sending its progress to ``progress``, named after its
+    first run (``+N``: the other runs of its stack)."""
+
+    def reporter_for(members: Sequence[RunConfig]) -> QueueReporter:
+        label = str(members[0].name) + (f" +{len(members) - 1}" if len(members) > 1 else "")
+        return QueueReporter(label, progress, runs=len(members))
+
+    return reporter_for
+
+
+def _emergence(plan: InterventionPlan | None, run: ResolvedRun) -> list[Any]:
+    """The callback that measures the mechanism at every evaluation where the plan asks for
+    it (the group's runs share their task and shape)."""
+    if plan is None or not plan.during_training:
+        return []
+    from mecheval.experiments.mechanisms import EmergenceCallback
+
+    task, n_layers = run.cfg.task, run.cfg.model.n_layers
+    return [EmergenceCallback(task, n_layers, cache_dir=run.cache_dir, documents=plan.documents)]
 
 
 def _finish(job: Job, run: ResolvedRun, before: Mapping[str, Any] | None, crash: str) -> Outcome:

@@ -41,7 +41,8 @@ and site, the role that restores most.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -133,6 +134,77 @@ def _in_last_block_tail(model: LanguageModel, site: str) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class _SitePatch:
+    """What every way of running a chunk of patched rows at one site reads: the model, the
+    corrupted run's cached sites and prefix, and where the patched forward starts
+    (:func:`_restart`)."""
+
+    model: LanguageModel
+    site: str
+    base: dict[str, torch.Tensor]
+    prefix: PrefixCache | None
+    tokens: torch.Tensor
+    start: str
+    first: int
+    tail: bool
+
+
+#: A way to run a chunk of patched rows: (patch, documents, patch positions, patched values,
+#: query positions) -> logits at the queries.
+ChunkStrategy = Callable[
+    [_SitePatch, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
+]
+
+
+def _patched_boundary(sp: _SitePatch, docs, dst, values) -> torch.Tensor:
+    x = sp.base[sp.start][docs].clone()
+    x[torch.arange(len(docs), device=x.device), dst] = values
+    return x
+
+
+def patch_boundary_and_resume(sp: _SitePatch, docs, dst, values, at) -> torch.Tensor:
+    """At a block boundary: patch the cached tensor, run each later block from the patch
+    position on."""
+    x = _patched_boundary(sp, docs, dst, values)
+    return run_from_patch(sp.model, sp.prefix, sp.first, docs, dst, x, at)
+
+
+def patch_boundary_and_recompute(sp: _SitePatch, docs, dst, values, at) -> torch.Tensor:
+    """At a block boundary: patch the cached tensor, run the later blocks on whole
+    sequences."""
+    x = _patched_boundary(sp, docs, dst, values)
+    return _downstream(sp.model, x, sp.first, at, sp.tail)
+
+
+def resume_block(sp: _SitePatch, docs, dst, values, at) -> torch.Tensor:
+    """Inside a block: resume that block from its prefix with the site patched."""
+    patched = (sp.site, dst, values)
+    return resume_inside_block(sp.model, sp.prefix, sp.first, docs, patched, at, sp.tail)
+
+
+def hook_block_and_recompute(sp: _SitePatch, docs, dst, values, at) -> torch.Tensor:
+    """Inside a block: a hook patches the site, the block and the later ones run on whole
+    sequences from the cached block input."""
+    with patch(sp.model, sp.site, dst, values):
+        return _downstream(sp.model, sp.base[sp.start][docs], sp.first, at, sp.tail)
+
+
+def hook_whole_model(sp: _SitePatch, docs, dst, values, at) -> torch.Tensor:
+    """Outside any block (the embedding): a hook patches the site, the whole model runs."""
+    with patch(sp.model, sp.site, dst, values):
+        return sp.model(sp.tokens[docs], at=at)
+
+
+def chunk_strategy(start: str, direct: bool, resume: bool) -> ChunkStrategy:
+    """How a site's patched rows run, from where :func:`_restart` starts them."""
+    if direct:
+        return patch_boundary_and_resume if resume else patch_boundary_and_recompute
+    if start:
+        return resume_block if resume else hook_block_and_recompute
+    return hook_whole_model
+
+
 @torch.no_grad()
 def interchange(
     model: LanguageModel,
@@ -148,93 +220,114 @@ def interchange(
     prefix resumption; benchmarks/bench_interventions.py compares the two)."""
     sites, roles, original, corrupted = prepare(model, original, corrupted, sites, roles)
     _check_state_sites(model, sites)
-    device = model.device
     n = len(original)
-    answer, candidates, metrics = original.answer, original.candidates, batch_metrics(original)
+    metrics = batch_metrics(original)
     state_sites = set(state_site_names(model))
     module_sites = [site for site in sites if site not in state_sites]
     restarts = {site: _restart(model, site) for site in module_sites}
-    inputs = [layer_site(j, "input") for j in range(len(model.layers))]
+    with_states = len(module_sites) < len(sites)
+    source, base, s_orig, s_corr = _clean_runs(
+        model, original, corrupted, module_sites, restarts, with_states
+    )
+    rows = baseline_rows(s_orig, s_corr, metrics)
+    prefix = None
+    if resume or with_states:
+        prefix = prefix_cache(model, [base[site] for site in _block_inputs(model)])
+    chunk = _chunk_rows(model, max_batch)
+    per_example = []
+    positions = _row_positions(original, corrupted, roles)
+    for site in sites if roles else []:
+        if site in state_sites:
+            layer = state_site_layer(site)
+            args = (source, prefix, positions, original, corrupted, s_corr, chunk)
+            scores = _restore_states(model, layer, *args)
+        else:
+            start, first, direct = restarts[site]
+            tail = not _in_last_block_tail(model, site)
+            sp = _SitePatch(model, site, base, prefix, corrupted.tokens, start, first, tail)
+            strategy = chunk_strategy(start, direct, resume)
+            args = (source[site], positions, original, corrupted, s_corr, chunk)
+            scores = _restore_site(sp, strategy, *args)
+        _collect(site, scores, metrics, roles, n, s_orig, s_corr, rows, per_example)
+    return assemble(rows, per_example)
+
+
+def _row_positions(original: Batch, corrupted: Batch, roles: Sequence[str]) -> tuple:
+    """(document, source position, patched position) of each row of the stacked batch: row
+    k*n + b is document b patched at role k."""
+    docs = torch.arange(len(original), device=original.tokens.device)
+    src_pos = torch.cat([original.roles[r] for r in roles]) if roles else docs[:0]
+    dst_pos = torch.cat([corrupted.roles[r] for r in roles]) if roles else docs[:0]
+    return docs.repeat(len(roles)), src_pos, dst_pos
+
+
+def _block_inputs(model: LanguageModel) -> list[str]:
+    return [layer_site(j, "input") for j in range(len(model.layers))]
+
+
+def _clean_runs(
+    model: LanguageModel,
+    original: Batch,
+    corrupted: Batch,
+    module_sites: list[str],
+    restarts: dict[str, tuple[str, int, bool]],
+    with_states: bool,
+) -> tuple[dict, dict, torch.Tensor, torch.Tensor]:
+    """The original run's sites to patch from (and its block inputs where a state site
+    needs them), the corrupted run's sites to patch and restart from, and both runs'
+    scores."""
+    inputs = _block_inputs(model)
     cached = sorted(set(module_sites) | set(inputs) | {s for s, _, _ in restarts.values() if s})
     # A state site patches the source run's state, computed from its block inputs.
-    with_states = len(module_sites) < len(sites)
     recorded = sorted(set(module_sites) | (set(inputs) if with_states else set()))
+    answer, candidates = original.answer, original.candidates
     with record(model, recorded) as source:
         s_orig = score_rows(model(original.tokens, at=original.query), answer, candidates)
     with record(model, cached) as base:
         s_corr = score_rows(model(corrupted.tokens, at=corrupted.query), answer, candidates)
+    return source, base, s_orig, s_corr
 
-    rows = baseline_rows(s_orig, s_corr, metrics)
-    prefix = None
-    if resume or with_states:
-        prefix = prefix_cache(model, [base[site] for site in inputs])
-    docs = torch.arange(n, device=device)
-    chunk = _chunk_rows(model, max_batch)
-    per_example = []
-    if not roles:
-        sites = []
-    # Row k*n + b of the stacked batch is document b patched at role k.
-    src_pos = torch.cat([original.roles[r] for r in roles]) if roles else docs[:0]
-    dst_pos = torch.cat([corrupted.roles[r] for r in roles]) if roles else docs[:0]
-    doc_of_row = docs.repeat(len(roles))
-    for site in sites:
-        if site in state_sites:
-            state_layer = state_site_layer(site)
-            positions = (doc_of_row, src_pos, dst_pos)
-            scores = _restore_states(
-                model,
-                state_layer,
-                source,
-                prefix,
-                positions,
-                original,
-                corrupted,
-                s_corr,
-                chunk,
-            )
-            _collect(site, scores, metrics, roles, n, s_orig, s_corr, rows, per_example)
-            continue
-        values = source[site][doc_of_row, src_pos]
-        # Where the source equals what the corrupted run already has (e.g. every position
-        # but the key before any mixing), the patched run *is* the corrupted run; so it is
-        # where the patch cannot reach the query: a later position, or another position
-        # after the last mixing step (what follows it is per position).
-        scores = s_corr[:, doc_of_row].clone()
-        todo = (values != base[site][doc_of_row, dst_pos]).flatten(1).any(1)
-        query_of_row = corrupted.query[doc_of_row]
-        reaches = (
-            dst_pos == query_of_row if _past_last_mixer(model, site) else dst_pos <= query_of_row
-        )
-        todo = (todo & reaches).nonzero()[:, 0]
-        # In order of patch position: a chunk then holds few distinct positions, and the
-        # rows of one position run as one batch.
-        todo = todo[dst_pos[todo].argsort(stable=True)]
-        start, first, direct = restarts[site]
-        tail = not _in_last_block_tail(model, site)
-        for lo in range(0, len(todo), chunk):
-            rows_ = todo[lo : lo + chunk]
-            docs_, dst_, at_ = doc_of_row[rows_], dst_pos[rows_], corrupted.query[doc_of_row[rows_]]
-            if direct:
-                x = base[start][docs_].clone()
-                x[torch.arange(len(rows_), device=device), dst_] = values[rows_]
-                if resume:
-                    logits = run_from_patch(model, prefix, first, docs_, dst_, x, at_)
-                else:
-                    logits = _downstream(model, x, first, at_, tail)
-            elif resume and start:
-                patched = (site, dst_, values[rows_])
-                logits = resume_inside_block(model, prefix, first, docs_, patched, at_, tail)
-            elif start:
-                with patch(model, site, dst_, values[rows_]):
-                    logits = _downstream(model, base[start][docs_], first, at_, tail)
-            else:
-                with patch(model, site, dst_, values[rows_]):
-                    logits = model(corrupted.tokens[docs_], at=at_)
-            scores[:, rows_] = score_rows(
-                logits, answer[docs_], None if candidates is None else candidates[docs_]
-            )
-        _collect(site, scores, metrics, roles, n, s_orig, s_corr, rows, per_example)
-    return assemble(rows, per_example)
+
+def _restore_site(
+    sp: _SitePatch,
+    strategy: ChunkStrategy,
+    source: torch.Tensor,
+    positions: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    original: Batch,
+    corrupted: Batch,
+    s_corr: torch.Tensor,
+    max_batch: int,
+) -> torch.Tensor:
+    """Scores [metrics, rows] of a module site: each row's corrupted position takes the
+    source run's ``source`` at the row's source position; chunks of rows run by ``strategy``."""
+    doc_of_row, src_pos, dst_pos = positions
+    values = source[doc_of_row, src_pos]
+    # Where the source equals what the corrupted run already has (e.g. every position but
+    # the key before any mixing), the patched run *is* the corrupted run; so it is where the
+    # patch cannot reach the query: a later position, or another position after the last
+    # mixing step (what follows it is per position).
+    scores = s_corr[:, doc_of_row].clone()
+    todo = (values != sp.base[sp.site][doc_of_row, dst_pos]).flatten(1).any(1)
+    query_of_row = corrupted.query[doc_of_row]
+    if _past_last_mixer(sp.model, sp.site):
+        reaches = dst_pos == query_of_row
+    else:
+        reaches = dst_pos <= query_of_row
+    todo = (todo & reaches).nonzero()[:, 0]
+    # In order of patch position: a chunk then holds few distinct positions, and the rows of
+    # one position run as one batch.
+    todo = todo[dst_pos[todo].argsort(stable=True)]
+    for lo in range(0, len(todo), max_batch):
+        rows = todo[lo : lo + max_batch]
+        docs = doc_of_row[rows]
+        logits = strategy(sp, docs, dst_pos[rows], values[rows], corrupted.query[docs])
+        scores[:, rows] = _score(logits, original, docs)
+    return scores
+
+
+def _score(logits: torch.Tensor, original: Batch, docs: torch.Tensor) -> torch.Tensor:
+    candidates = None if original.candidates is None else original.candidates[docs]
+    return score_rows(logits, original.answer[docs], candidates)
 
 
 def _collect(
@@ -289,7 +382,6 @@ def _restore_states(
     todo = (~same & (dst_pos <= at)).nonzero()[:, 0]
     todo = todo[dst_pos[todo].argsort(stable=True)]
     halo = mixer.halo() or 0
-    answer, candidates = original.answer, original.candidates
     for lo_row in range(0, len(todo), max_batch):
         chunk = todo[lo_row : lo_row + max_batch]
         for start in dst_pos[chunk].unique().tolist():
@@ -299,9 +391,7 @@ def _restore_states(
             window = prefix.inputs[layer][docs_, lo:]
             x = block.forward_from(window, start - lo, index_states(values, rows_), replace=True)
             logits = run_from(model, prefix, layer + 1, docs_, start, x, at[rows_])
-            scores[:, rows_] = score_rows(
-                logits, answer[docs_], None if candidates is None else candidates[docs_]
-            )
+            scores[:, rows_] = _score(logits, original, docs_)
     return scores
 
 

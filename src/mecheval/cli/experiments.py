@@ -182,11 +182,8 @@ def reproduce_command(
     full run (or another slice) skips the finished runs; the report covers every run in
     that folder.
     """
-    from mecheval.experiments.catalog import list_experiments
-
     if list_ or name is None:
-        for e in list_experiments():
-            typer.echo(f"{e.name:<18} {e.description}  [figures: {', '.join(e.figures)}]")
+        _list_experiments()
         return
     from mecheval.experiments.reproduce import report_experiment
 
@@ -206,6 +203,13 @@ def reproduce_command(
     report_experiment(out / spec.name, experiment, spec, echo=typer.echo)
     if any(o.state != "done" for o in outcomes):
         raise typer.Exit(1)  # after the report, which shows what the finished runs measured
+
+
+def _list_experiments() -> None:
+    from mecheval.experiments.catalog import list_experiments
+
+    for e in list_experiments():
+        typer.echo(f"{e.name:<18} {e.description}  [figures: {', '.join(e.figures)}]")
 
 
 def parse_values(flag: str, text: str | None, kind: type) -> list | None:

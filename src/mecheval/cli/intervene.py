@@ -12,55 +12,84 @@ from mecheval.cli.experiments import Documents, check_documents
 from mecheval.errors import ConfigError
 from mecheval.interventions.attribution import DEFAULT_STEPS, METHODS
 
+RunDir = Annotated[Path, typer.Argument(help="a finished run folder")]
+Sites = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--sites",
+        help="sites to patch (repeatable); default all module sites. A recurrent "
+        "mixer's state is the site layers.{i}.mixer.state (docs/architecture.md)",
+    ),
+]
+Roles = Annotated[
+    list[str] | None, typer.Option("--roles", help="roles to patch (repeatable); default all")
+]
+Split = Annotated[str, typer.Option(help="dev | test")]
+NDocs = Annotated[int | None, typer.Option("-n", help="documents (default: the split)")]
+Metric = Annotated[
+    str,
+    typer.Option(help="likelihood | accuracy | in_context_mass | in_context_accuracy"),
+]
+Device = Annotated[
+    str, typer.Option(help="run the model and the interventions on: cpu, cuda, cuda:N, mps")
+]
+Method = Annotated[
+    str,
+    typer.Option(
+        help="exact (a patched forward per site and role) | attribution (activation "
+        "difference times gradient: one backward) | integrated-gradients (gradients "
+        "averaged on the path from the corrupted to the original embeddings); an "
+        "estimate is graded against the exact table on the same documents"
+    ),
+]
+Steps = Annotated[int, typer.Option(help="integrated-gradients: points on the path")]
+
 
 @app.command("intervene")
 def intervene_command(
-    run_dir: Annotated[Path, typer.Argument(help="a finished run folder")],
-    sites: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--sites",
-            help="sites to patch (repeatable); default all module sites. A recurrent "
-            "mixer's state is the site layers.{i}.mixer.state (docs/architecture.md)",
-        ),
-    ] = None,
-    roles: Annotated[
-        list[str] | None, typer.Option("--roles", help="roles to patch (repeatable); default all")
-    ] = None,
-    split: Annotated[str, typer.Option(help="dev | test")] = "test",
-    n_docs: Annotated[int | None, typer.Option("-n", help="documents (default: the split)")] = None,
-    metric: Annotated[
-        str,
-        typer.Option(help="likelihood | accuracy | in_context_mass | in_context_accuracy"),
-    ] = "likelihood",
+    run_dir: RunDir,
+    sites: Sites = None,
+    roles: Roles = None,
+    split: Split = "test",
+    n_docs: NDocs = None,
+    metric: Metric = "likelihood",
     documents: Documents = "all",
-    device: Annotated[
-        str, typer.Option(help="run the model and the interventions on: cpu, cuda, cuda:N, mps")
-    ] = "cpu",
-    method: Annotated[
-        str,
-        typer.Option(
-            help="exact (a patched forward per site and role) | attribution (activation "
-            "difference times gradient: one backward) | integrated-gradients (gradients "
-            "averaged on the path from the corrupted to the original embeddings); an "
-            "estimate is graded against the exact table on the same documents"
-        ),
-    ] = "exact",
-    steps: Annotated[
-        int, typer.Option(help="integrated-gradients: points on the path")
-    ] = DEFAULT_STEPS,
+    device: Device = "cpu",
+    method: Method = "exact",
+    steps: Steps = DEFAULT_STEPS,
 ) -> None:
     """Restore each (site, role) from the original into the key-corrupted document; print
     the Fig. 3-style table and the mechanism label; write interventions.csv into RUN_DIR
     (with an estimating --method also its table, attribution.csv, and its grade against
     the exact one, attribution.json)."""
     from mecheval.experiments.mechanisms import InterventionPlan, intervene_run
-    from mecheval.interventions import restore_view
-    from mecheval.interventions.result import RESTORE_METRICS
-    from mecheval.models import site_names
-    from mecheval.models.sites import state_site_names
     from mecheval.training.config import check_device
-    from mecheval.training.folder import INTERVENTIONS_FILE, load_run
+    from mecheval.training.folder import load_run
+
+    _check_options(split, metric, method, steps, n_docs)
+    check_documents(documents)
+    check_device(device, "--device")
+    cfg, model = load_run(run_dir, device)
+    _check_names(cfg, model, sites, roles)
+    plan = InterventionPlan(
+        sites=tuple(sites) if sites else None,
+        roles=tuple(roles) if roles else None,
+        split=split,
+        n_docs=n_docs,
+        documents=documents,
+        methods=() if method == "exact" else (method,),
+        steps=steps,
+    )
+    measured = intervene_run(run_dir, plan, loaded=(cfg, model))
+    assert measured is not None  # skip_existing is off
+    if measured.graded:
+        _print_estimate(run_dir, measured.graded[0], measured.n_docs, split, documents)
+    else:
+        _print_exact(run_dir, measured, metric, split, documents)
+
+
+def _check_options(split: str, metric: str, method: str, steps: int, n_docs: int | None) -> None:
+    from mecheval.interventions.result import RESTORE_METRICS
 
     if split not in ("dev", "test"):
         raise ConfigError(f"--split: expected dev or test, got {split!r}")
@@ -76,9 +105,13 @@ def intervene_command(
         raise ConfigError(f"--steps: expected >= 1, got {steps}")
     if n_docs is not None and n_docs < 1:
         raise ConfigError(f"-n: expected >= 1, got {n_docs}")
-    check_documents(documents)
-    check_device(device, "--device")
-    cfg, model = load_run(run_dir, device)
+
+
+def _check_names(cfg, model, sites: list[str] | None, roles: list[str] | None) -> None:
+    """Every --sites a site of the run's model, every --roles a role of its task."""
+    from mecheval.models import site_names
+    from mecheval.models.sites import state_site_names
+
     # The recurrent-state sites are asked for by name; "all" means the module sites.
     known = site_names(model) + state_site_names(model)
     for site in sites or []:
@@ -88,20 +121,13 @@ def intervene_command(
     for role in roles or []:
         if role not in task_roles:
             raise ConfigError(f"--roles: unknown {role!r} (expected: {', '.join(task_roles)})")
-    plan = InterventionPlan(
-        sites=tuple(sites) if sites else None,
-        roles=tuple(roles) if roles else None,
-        split=split,
-        n_docs=n_docs,
-        documents=documents,
-        methods=() if method == "exact" else (method,),
-        steps=steps,
-    )
-    measured = intervene_run(run_dir, plan, loaded=(cfg, model))
-    assert measured is not None  # skip_existing is off
-    if measured.graded:
-        _print_estimate(run_dir, measured.graded[0], measured.n_docs, split, documents)
-        return
+
+
+def _print_exact(run_dir: Path, measured, metric: str, split: str, documents: str) -> None:
+    """The exact table and the mechanism label (or where one would be read)."""
+    from mecheval.interventions import restore_view
+    from mecheval.training.folder import INTERVENTIONS_FILE
+
     view = restore_view(measured.result.table, metric=metric)
     which = "" if documents == "all" else f" {documents}"
     what = "the true answer" if metric in ("likelihood", "accuracy") else "the candidates"

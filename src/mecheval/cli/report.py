@@ -19,52 +19,48 @@ def load_results(experiment_dir: Path) -> pd.DataFrame:
     return load(experiment_dir)
 
 
+ExperimentDir = Annotated[
+    Path | None,
+    typer.Argument(help="experiment folder (runs/<experiment>); omit when giving --table"),
+]
+FigureNames = Annotated[
+    list[str] | None,
+    typer.Option("--figure", "-f", help="figure to make (repeatable); default: all with data"),
+]
+Html = Annotated[bool, typer.Option("--html", help="also write one self-contained report.html")]
+ReportOut = Annotated[
+    Path | None,
+    typer.Option(help="output folder; default: <experiment>/report (or next to --table)"),
+]
+TablePath = Annotated[
+    Path | None,
+    typer.Option(help="read a saved results table (csv/parquet) instead of run folders"),
+]
+Formats = Annotated[
+    list[str] | None,
+    typer.Option("--format", help="figure file formats (repeatable); default: png and pdf"),
+]
+
+
 @app.command("report")
 def report(
-    experiment_dir: Annotated[
-        Path | None,
-        typer.Argument(help="experiment folder (runs/<experiment>); omit when giving --table"),
-    ] = None,
-    figure: Annotated[
-        list[str] | None,
-        typer.Option("--figure", "-f", help="figure to make (repeatable); default: all with data"),
-    ] = None,
-    html: Annotated[
-        bool, typer.Option("--html", help="also write one self-contained report.html")
-    ] = False,
-    out: Annotated[
-        Path | None,
-        typer.Option(help="output folder; default: <experiment>/report (or next to --table)"),
-    ] = None,
-    table: Annotated[
-        Path | None,
-        typer.Option(help="read a saved results table (csv/parquet) instead of run folders"),
-    ] = None,
-    formats: Annotated[
-        list[str] | None,
-        typer.Option("--format", help="figure file formats (repeatable); default: png and pdf"),
-    ] = None,
+    experiment_dir: ExperimentDir = None,
+    figure: FigureNames = None,
+    html: Html = False,
+    out: ReportOut = None,
+    table: TablePath = None,
+    formats: Formats = None,
 ) -> None:
     """Write the paper's figures (markdown + png + pdf) and print their tables."""
     from mecheval.io import atomic_write_text
-    from mecheval.report import FIGURES, available_figures, normalise, write_figure
+    from mecheval.report import FIGURES, available_figures, write_figure
     from mecheval.report.html import render_html
 
     names = list(figure or [])
     unknown = [n for n in names if n not in FIGURES]
     if unknown:
         raise ConfigError(f"--figure: unknown figure {unknown[0]!r} (valid: {', '.join(FIGURES)})")
-    if (experiment_dir is None) == (table is None):
-        raise ConfigError("report: give either an EXPERIMENT_DIR or --table, not both or neither")
-    if table is not None:
-        from mecheval.report import load_table
-
-        df = load_table(table)
-        out_dir = out or table.parent / "report"
-    else:
-        assert experiment_dir is not None
-        df = normalise(load_results(experiment_dir))
-        out_dir = out or experiment_dir / "report"
+    df, out_dir = _results_table(experiment_dir, table, out)
     results, skipped = available_figures(df, names or None)
     if names and skipped:
         # Asked-for figures that cannot be made are an error, not a silent omission.
@@ -83,3 +79,15 @@ def report(
     if html:
         page = atomic_write_text(out_dir / "report.html", render_html(results, skipped))
         typer.echo(f"wrote {page}")
+
+
+def _results_table(experiment_dir: Path | None, table: Path | None, out: Path | None):
+    """The results table, from run folders or a saved table, and where its report goes."""
+    from mecheval.report import load_table, normalise
+
+    if (experiment_dir is None) == (table is None):
+        raise ConfigError("report: give either an EXPERIMENT_DIR or --table, not both or neither")
+    if table is not None:
+        return load_table(table), out or table.parent / "report"
+    assert experiment_dir is not None
+    return normalise(load_results(experiment_dir)), out or experiment_dir / "report"

@@ -168,10 +168,9 @@ def conv_experiment(
     return Experiment(name, description, task, grid, figures, matrix="short conv", accepts=accepts)
 
 
-def _catalog() -> dict[str, Experiment]:
-    archs = _archs()
-    conv_archs = [a for a in archs if switchable(a)]
-    experiments = [
+def _paper_main(archs: list[str]) -> list[Experiment]:
+    """The paper's main comparisons: AR (Fig. 3) and ATR (Fig. 7)."""
+    return [
         Experiment(
             "ar",
             "AR main comparison (Fig. 3)",
@@ -191,6 +190,12 @@ def _catalog() -> dict[str, Experiment]:
             {"model.architecture": archs},
             ("atr-restore",),
         ),
+    ]
+
+
+def _paper_conv_ablations() -> list[Experiment]:
+    """The paper's short-convolution ablations (Figs. 4, 5 and 8)."""
+    return [
         Experiment(
             "mamba-conv",
             "Mamba short-conv ablation on AR (Fig. 4a)",
@@ -220,6 +225,12 @@ def _catalog() -> dict[str, Experiment]:
             {"model.architecture": ["mamba"], "model.mixer.d_conv": [None, 1, 2, 3, 4]},
             ("atr-mamba-conv",),
         ),
+    ]
+
+
+def _paper_appendix(archs: list[str]) -> list[Experiment]:
+    """The paper's appendix experiments (Figs. 9-13)."""
+    return [
         Experiment(
             "pos-emb",
             "Position embeddings on/off (Fig. 9)",
@@ -257,6 +268,12 @@ def _catalog() -> dict[str, Experiment]:
             ("sibling",),
             fixed={"task.query": "sibling"},
         ),
+    ]
+
+
+def _recall_variants(archs: list[str]) -> list[Experiment]:
+    """Recall tasks beyond the paper: two-hop ATR and the AR family of MAD and zoology."""
+    return [
         Experiment(
             "grandparent",
             "Grandparent (two-hop) queries on ATR (new)",
@@ -293,6 +310,12 @@ def _catalog() -> dict[str, Experiment]:
             {"model.architecture": archs},
             ("compositional-mqar-restore",),
         ),
+    ]
+
+
+def _conv_probes(conv_archs: list[str]) -> list[Experiment]:
+    """Tasks and mixers that ask what a short convolution does."""
+    return [
         conv_experiment(
             "reverse-ar",
             "Reverse AR, the value before its key: which architectures learn it, and how, "
@@ -328,28 +351,38 @@ def _catalog() -> dict[str, Experiment]:
             ["mamba", "mamba3"],
             (4,),
         ),
-        Experiment(
-            "state-tracking",
-            "State tracking: parity and S3 with transition eigenvalues in [0, 1] and in "
-            "[-1, 1] (Grazzi et al.'s Fig. 1); labels on trained lengths, accuracy also on "
-            "longer documents",
-            "parity",
-            {
-                TASK_AXIS: ["parity", "s3"],
-                "model.architecture": [a for a in BUILTIN_ARCHITECTURES if takes_neg_eigval(a)],
-                "model.mixer.allow_neg_eigval": [False, True],
-            },
-            (),
-            plan=InterventionPlan(split="dev"),
-            # the matrix's early stopping: a run that tracks the state stops there
-            fixed={"training.stop_at_accuracy": MATRIX_STOP_AT},
-            fixed_at={
-                preset: {"task.test_min_elements": lo, "task.test_max_elements": hi}
-                for preset, (lo, hi) in STATE_TEST_LENGTHS.items()
-            },
-            matrix="eigenvalues",
-            accepts=takes_neg_eigval,
-        ),
+    ]
+
+
+def _state_tracking() -> Experiment:
+    """Parity and S3 with and without negative eigenvalues, as Grazzi et al. compare them."""
+    return Experiment(
+        "state-tracking",
+        "State tracking: parity and S3 with transition eigenvalues in [0, 1] and in "
+        "[-1, 1] (Grazzi et al.'s Fig. 1); labels on trained lengths, accuracy also on "
+        "longer documents",
+        "parity",
+        {
+            TASK_AXIS: ["parity", "s3"],
+            "model.architecture": [a for a in BUILTIN_ARCHITECTURES if takes_neg_eigval(a)],
+            "model.mixer.allow_neg_eigval": [False, True],
+        },
+        (),
+        plan=InterventionPlan(split="dev"),
+        # the matrix's early stopping: a run that tracks the state stops there
+        fixed={"training.stop_at_accuracy": MATRIX_STOP_AT},
+        fixed_at={
+            preset: {"task.test_min_elements": lo, "task.test_max_elements": hi}
+            for preset, (lo, hi) in STATE_TEST_LENGTHS.items()
+        },
+        matrix="eigenvalues",
+        accepts=takes_neg_eigval,
+    )
+
+
+def _matrices(archs: list[str], conv_archs: list[str]) -> list[Experiment]:
+    """Matrices over tasks, conv settings and methods."""
+    return [
         Experiment(
             "task-matrix",
             "Mechanism matrix: every architecture on the AR family, stacked MQAR, reverse AR, "
@@ -383,6 +416,20 @@ def _catalog() -> dict[str, Experiment]:
             plan=InterventionPlan(methods=METHODS),
             accepts=any_architecture,  # plugins too: any mixer with gradients is graded
         ),
+    ]
+
+
+def _catalog() -> dict[str, Experiment]:
+    archs = _archs()
+    conv_archs = [a for a in archs if switchable(a)]
+    experiments = [
+        *_paper_main(archs),
+        *_paper_conv_ablations(),
+        *_paper_appendix(archs),
+        *_recall_variants(archs),
+        *_conv_probes(conv_archs),
+        _state_tracking(),
+        *_matrices(archs, conv_archs),
     ]
     return {e.name: e for e in experiments}
 

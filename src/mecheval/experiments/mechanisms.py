@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -273,9 +273,26 @@ def intervene_run(
     rows, result = measure(model, plan, step, pair)
     seconds = time.perf_counter() - started
     candidates = pair[0].candidates
+    read_label, where = _label_reader(cfg, model, candidates)
+    label = read_label(result.table)
+    graded: tuple[Graded, ...] = ()
+    if plan.methods:
+        graded = tuple(grade_methods(model, plan, step, pair, (result, label, seconds), read_label))
+        _write_grades(run_dir, graded)
+    if label is not None:
+        _write_mechanism(run_dir, label, candidates, plan.documents, len(pair[0]))
+    atomic_write_text(target, rows.to_csv(index=False))
+    return RunMechanism(result, rows, label, len(pair[0]), where, graded)
+
+
+def _label_reader(
+    cfg: Any, model: LanguageModel, candidates: torch.Tensor | None
+) -> tuple[Callable[[pd.DataFrame], MechanismLabel | None], tuple[str, ...]]:
+    """The run's label from a table (None where the table has no restores at its label
+    sites), and those sites."""
+    readings = cfg.task.readings
     local_sites = local_mixing_sites(model, 0)
     n_layers = cfg.model.n_layers
-    where = tuple(label_sites(n_layers, local_sites))
     chance = None if candidates is None else chance_level(candidates)
 
     def read_label(table: pd.DataFrame) -> MechanismLabel | None:
@@ -285,29 +302,35 @@ def intervene_run(
             table, n_layers, chance=chance, local_sites=local_sites, readings=readings
         )
 
-    label = read_label(result.table)
-    graded: tuple[Graded, ...] = ()
-    if plan.methods:
-        graded = tuple(grade_methods(model, plan, step, pair, (result, label, seconds), read_label))
-        estimates = pd.concat([g.rows for g in graded], ignore_index=True)
-        records = [g.record for g in graded]
-        atomic_write_text(run_dir / ATTRIBUTION_FILE, estimates.to_csv(index=False))
-        atomic_write_text(run_dir / GRADES_FILE, json.dumps(records, indent=2) + "\n")
-    if label is None:
-        atomic_write_text(target, rows.to_csv(index=False))
-        return RunMechanism(result, rows, None, len(pair[0]), where, graded)
+    return read_label, tuple(label_sites(n_layers, local_sites))
+
+
+def _write_mechanism(
+    run_dir: Path,
+    label: MechanismLabel,
+    candidates: torch.Tensor | None,
+    documents: str,
+    n_docs: int,
+) -> None:
+    """mechanism.json: the label with its restores, range and the documents it was read on."""
     record = {
         **asdict(label),
         "range": label.range,
         "mean_candidates": None
         if candidates is None
         else float(n_candidates(candidates).double().mean()),
-        "documents": plan.documents,
-        "n_docs": len(pair[0]),
+        "documents": documents,
+        "n_docs": n_docs,
     }
     atomic_write_text(run_dir / MECHANISM_FILE, json.dumps(record, indent=2) + "\n")
-    atomic_write_text(target, rows.to_csv(index=False))
-    return RunMechanism(result, rows, label, len(pair[0]), where, graded)
+
+
+def _write_grades(run_dir: Path, graded: Sequence[Graded]) -> None:
+    """The estimating methods' tables (attribution.csv) and grades (attribution.json)."""
+    estimates = pd.concat([g.rows for g in graded], ignore_index=True)
+    records = [g.record for g in graded]
+    atomic_write_text(run_dir / ATTRIBUTION_FILE, estimates.to_csv(index=False))
+    atomic_write_text(run_dir / GRADES_FILE, json.dumps(records, indent=2) + "\n")
 
 
 class EmergenceCallback:

@@ -224,23 +224,8 @@ def label_mechanism(
     (``models.sites.local_mixing_sites(model, 0)``), read instead of ``layers.0.output``.
     ``readings``: the task's label vocabulary (tasks/readings.py; AR's by default)."""
     likelihood = table[table.metric == "likelihood"]
-
-    def one(condition: str) -> float:
-        return float(likelihood[likelihood.condition == condition].value.iloc[0])
-
-    def at_original(metric: str) -> float | None:
-        rows = table[(table.metric == metric) & (table.condition == "original")]
-        return float(rows.value.iloc[0]) if len(rows) else None
-
-    accuracy = at_original("accuracy")
-    in_context_accuracy = at_original("in_context_accuracy")
-    binding = {
-        "accuracy": accuracy,
-        "in_context_accuracy": in_context_accuracy,
-        "in_context_mass": at_original("in_context_mass"),
-        "chance": chance,
-    }
-    original, corrupted = one("original"), one("corrupted")
+    binding = _binding(table, chance)
+    original, corrupted = _condition(likelihood, "original"), _condition(likelihood, "corrupted")
     gap = original - corrupted
     sites = readable_sites(table, n_layers, local_sites, readings)
     if not sites:
@@ -251,42 +236,91 @@ def label_mechanism(
     read = [(site, *_recovered(likelihood, site, corrupted, gap, labelled)) for site in sites]
     # the first site whose best role recovers most (max keeps the first of equals)
     site, restored, recovered = max(read, key=lambda r: max(r[2].values(), default=-math.inf))
-    # The state sites' readings (each state role at the state site that recovers it most),
-    # kept beside the label site's roles as "<role> (state)".
-    state_sites: dict[str, str] = {}
     names = dict(readings.at_label_site)
-    for role, name in readings.in_state.items():
-        best_state = _best_state(likelihood, role, corrupted, gap)
-        if best_state is not None:
-            key = f"{role} (state)"
-            state_sites[key], restored[key], recovered[key] = best_state
-            names[key] = name
-    if (
-        accuracy is not None
-        and in_context_accuracy is not None
-        and chance is not None
-        and candidates_only(accuracy, in_context_accuracy, chance, thresholds)
-    ) or (
-        readings.chance_is_floor
-        and accuracy is not None
-        and chance is not None
-        and accuracy <= chance + thresholds.chance_tolerance + _EPS
-    ):
+    state_sites = _read_states(likelihood, readings, corrupted, gap, (restored, recovered, names))
+    if _at_chance(binding, readings, thresholds):
         label = readings.at_chance
     elif original < thresholds.min_original:
         label = "not learned"
     elif gap < thresholds.min_gap:
         label = "inconclusive"
     else:
-        if readings.first_reached:  # state sites first, then the label site's roles in order
-            order = [*state_sites, *(r for r in readings.at_label_site if r in recovered)]
-            reached = [r for r in order if recovered[r] >= thresholds.min_fraction]
-            best = reached[0] if reached else None
-        else:  # the role that recovers most
-            best = max(recovered, key=recovered.__getitem__)
-            best = best if recovered[best] >= thresholds.min_fraction else None
+        best = _deciding_role(readings, state_sites, recovered, thresholds)
         label = "unclear" if best is None else names[best]
         site = state_sites.get(best or "", site)
     return MechanismLabel(
         label, site, original, corrupted, restored, recovered, thresholds, **binding
     )
+
+
+def _condition(likelihood: pd.DataFrame, condition: str) -> float:
+    return float(likelihood[likelihood.condition == condition].value.iloc[0])
+
+
+def _binding(table: pd.DataFrame, chance: float | None) -> dict[str, float | None]:
+    """The original documents' accuracies and candidate mass, and their chance level."""
+
+    def at_original(metric: str) -> float | None:
+        rows = table[(table.metric == metric) & (table.condition == "original")]
+        return float(rows.value.iloc[0]) if len(rows) else None
+
+    return {
+        "accuracy": at_original("accuracy"),
+        "in_context_accuracy": at_original("in_context_accuracy"),
+        "in_context_mass": at_original("in_context_mass"),
+        "chance": chance,
+    }
+
+
+def _read_states(
+    likelihood: pd.DataFrame,
+    readings: Readings,
+    corrupted: float,
+    gap: float,
+    into: tuple[dict, dict, dict],
+) -> dict[str, str]:
+    """The state sites' readings (each state role at the state site that recovers it most),
+    added to ``into`` (restored, recovered, names) beside the label site's roles as
+    "<role> (state)"; returns the state site of each."""
+    restored, recovered, names = into
+    state_sites: dict[str, str] = {}
+    for role, name in readings.in_state.items():
+        best_state = _best_state(likelihood, role, corrupted, gap)
+        if best_state is not None:
+            key = f"{role} (state)"
+            state_sites[key], restored[key], recovered[key] = best_state
+            names[key] = name
+    return state_sites
+
+
+def _at_chance(binding: dict, readings: Readings, thresholds: Thresholds) -> bool:
+    """Whether the original documents read the task's at-chance label: candidates only, or
+    (where chance is the floor) accuracy at chance."""
+    accuracy, in_context, chance = (
+        binding["accuracy"],
+        binding["in_context_accuracy"],
+        binding["chance"],
+    )
+    return (
+        accuracy is not None
+        and in_context is not None
+        and chance is not None
+        and candidates_only(accuracy, in_context, chance, thresholds)
+    ) or (
+        readings.chance_is_floor
+        and accuracy is not None
+        and chance is not None
+        and accuracy <= chance + thresholds.chance_tolerance + _EPS
+    )
+
+
+def _deciding_role(
+    readings: Readings, state_sites: dict[str, str], recovered: dict, thresholds: Thresholds
+) -> str | None:
+    """The role whose restore names the mechanism, None where none reaches the threshold."""
+    if readings.first_reached:  # state sites first, then the label site's roles in order
+        order = [*state_sites, *(r for r in readings.at_label_site if r in recovered)]
+        reached = [r for r in order if recovered[r] >= thresholds.min_fraction]
+        return reached[0] if reached else None
+    best = max(recovered, key=recovered.__getitem__)  # the role that recovers most
+    return best if recovered[best] >= thresholds.min_fraction else None

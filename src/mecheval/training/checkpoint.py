@@ -138,6 +138,20 @@ def read_checkpoint(
     Raises :class:`CorruptCheckpoint` if a file is unreadable, truncated or inconsistent.
     """
     state_path = folder / STATE_FILE
+    meta = _read_state(state_path)
+    tensor_path = folder / meta["tensors"]
+    try:
+        tensors = load_file(tensor_path)
+    except (OSError, SafetensorError) as err:
+        raise CorruptCheckpoint(f"{tensor_path}: unreadable ({first_line(err)})") from None
+    _check_tensors(tensor_path, tensors, model, optimizer)
+    if len(meta["param_groups"]) != len(optimizer.param_groups):
+        raise CorruptCheckpoint(f"{state_path}: {len(meta['param_groups'])} param groups")
+    return meta, tensors
+
+
+def _read_state(state_path: Path) -> dict[str, Any]:
+    """``state.json``, checked for its format, its fields and its tensor file's name."""
     try:
         meta = read_json(state_path)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -154,12 +168,17 @@ def read_checkpoint(
     name = meta["tensors"]
     if Path(name).name != name or not name.endswith(".safetensors"):
         raise CorruptCheckpoint(f"{state_path}: bad tensor file name {name!r}")
-    tensor_path = folder / name
-    try:
-        tensors = load_file(tensor_path)
-    except (OSError, SafetensorError) as err:
-        raise CorruptCheckpoint(f"{tensor_path}: unreadable ({first_line(err)})") from None
+    return meta
 
+
+def _check_tensors(
+    tensor_path: Path,
+    tensors: dict[str, torch.Tensor],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+) -> None:
+    """The model's tensors by name, shape and dtype, the RNG state, and each optimizer
+    tensor's parameter index and shape."""
     expected = model.state_dict()
     saved = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
     if saved.keys() != expected.keys():
@@ -184,9 +203,6 @@ def read_checkpoint(
             raise CorruptCheckpoint(f"{tensor_path}: unexpected tensor {key}")
         if value.dim() > 0 and value.shape != params[int(parts[1])].shape:
             raise CorruptCheckpoint(f"{tensor_path}: {key} has shape {tuple(value.shape)}")
-    if len(meta["param_groups"]) != len(optimizer.param_groups):
-        raise CorruptCheckpoint(f"{state_path}: {len(meta['param_groups'])} param groups")
-    return meta, tensors
 
 
 def load_checkpoint(

@@ -134,19 +134,9 @@ def _train(
         notes: dict[str, str] = {}  # kept in the running, done and diverged statuses
         try:
             if datasets is None:
-                from mecheval.tasks import build_datasets
-
-                datasets = build_datasets(cfg.task, cache_dir=cache_dir)
+                datasets = _build_datasets(cfg, cache_dir)
             trainer = Trainer(cfg, datasets, folder.path, callbacks, reporter)
-            discarded = discard_corrupt_checkpoint(trainer)
-            if discarded:
-                notes["discarded_checkpoint"] = discarded
-            elif reached > 0 and not has_checkpoint(trainer.checkpoint_dir):
-                # Say so: a rerun that quietly starts over looks like one that resumed.
-                trainer.reporter.warn(
-                    f"{folder.path}: no checkpoint to resume its step {reached} from; "
-                    "training from step 0"
-                )
+            notes.update(_check_checkpoint(trainer, folder.path, reached))
             folder.running(**notes)
             results = trainer.run()
             return folder.done(
@@ -176,6 +166,26 @@ def _train(
                 else time.perf_counter() - start,
             )
             raise
+
+
+def _build_datasets(cfg: RunConfig, cache_dir: Path | None) -> Mapping[str, Any]:
+    from mecheval.tasks import build_datasets
+
+    return build_datasets(cfg.task, cache_dir=cache_dir)
+
+
+def _check_checkpoint(trainer: Trainer, run_dir: Path, reached: int) -> dict[str, str]:
+    """A corrupt checkpoint discarded (noted in the status), or a warning where the run had
+    reached a step and left no checkpoint to resume it from."""
+    discarded = discard_corrupt_checkpoint(trainer)
+    if discarded:
+        return {"discarded_checkpoint": discarded}
+    if reached > 0 and not has_checkpoint(trainer.checkpoint_dir):
+        # Say so: a rerun that quietly starts over looks like one that resumed.
+        trainer.reporter.warn(
+            f"{run_dir}: no checkpoint to resume its step {reached} from; training from step 0"
+        )
+    return {}
 
 
 def discard_corrupt_checkpoint(trainer: Trainer) -> str | None:

@@ -64,19 +64,8 @@ class GroupTrainer:
         if len({group_key(cfg) for cfg in cfgs}) != 1:
             raise ValueError("GroupTrainer: the configs do not form one group (see groupable)")
         self.cfgs = list(cfgs)
-        self.members = [
-            Trainer(cfg, datasets, Path(run_dir), callbacks, NullReporter())
-            for cfg, run_dir in zip(cfgs, run_dirs, strict=True)
-        ]
-        # Resumed: every member restores its own checkpoint (weights, AdamW moments, schedule,
-        # running loss, metrics), as Trainer.run would, and the stack starts from there.
+        self.members = _members(cfgs, datasets, run_dirs, callbacks, resume)
         self.resumed = resume
-        if resume:
-            for member in self.members:
-                if not member.resume():
-                    raise ValueError(f"GroupTrainer: {member.checkpoint_dir}: no checkpoint")
-            if len({member.step for member in self.members}) != 1:
-                raise ValueError("GroupTrainer: the members' checkpoints are at different steps")
         self.reporter = reporter or NullReporter()
         first = self.members[0]
         # One task, batch size and device: every member evaluates on the same batches.
@@ -95,17 +84,46 @@ class GroupTrainer:
         self.params: Tensors = {n: p.detach() for n, p in params.items()}
         self.buffers: Tensors = buffers
         self.device = first.device
-        # The param groups (names, decay) exactly as make_optimizer built each member's.
+        self.optimizer = self._stacked_optimizer()
+        if resume:
+            self._take_moments()
+        self._step_numbers()
+        self.feed = self._stacked_feed()
+        self.captured: CapturedStep | None = None
+        # Captured where every step has one shape, and not under bf16 autocast, whose cache of
+        # cast weights a graph must not keep (torch's CUDA-graph notes).
+        self._capture = (
+            graphs_enabled(self.device)
+            and self.feed is not None
+            and self.feed.fixed_width
+            and self.t.precision != "bf16"
+        )
+        self._width = 0
+        self._gradient_functions()
+
+    def _gradient_functions(self) -> None:
+        """Each member's gradient and loss, vmapped over the stack: at the query; at extra
+        query positions shared by every member; at every answer of a document, per member."""
+        at_query = functools.partial(self._loss, query_loss)
+        at_positions = functools.partial(self._loss, multi_answer_loss)
+        self._grad_fn = vmap(grad_and_value(at_query))
+        self._grad_fn_multi = vmap(grad_and_value(at_positions), in_dims=(0, 0, 0, None, 0))
+        self._grad_fn_dense = vmap(grad_and_value(at_positions))
+
+    def _stacked_optimizer(self) -> StackedAdamW:
+        """The param groups (names, decay) exactly as make_optimizer built each member's."""
+        first = self.members[0]
         names = {id(p): n for n, p in first.model.named_parameters()}
         groups = [[names[id(p)] for p in g["params"]] for g in first.optimizer.param_groups]
         decay = [
             [m.optimizer.param_groups[g]["weight_decay"] for m in self.members]
             for g in range(len(groups))
         ]
-        self.optimizer = StackedAdamW(self.params, groups, decay, self.t.betas, self.t.eps)
-        if resume:
-            self._take_moments()
-        # Every per-step number on the device (see stack_feed.py and captured.py).
+        return StackedAdamW(self.params, groups, decay, self.t.betas, self.t.eps)
+
+    def _step_numbers(self) -> None:
+        """Every per-step number on the device (see stack_feed.py and captured.py)."""
+        first = self.members[0]
         total, warmup = self.total, warmup_steps(first.cfg)
         self.tables = StepTables(
             lambda s: lr_factor(s, total, warmup), total, self.t.betas, self.device
@@ -119,26 +137,15 @@ class GroupTrainer:
         self.watch.start_from([(m.loss_sum, m.loss_count) for m in self.members])
         self.count = torch.full((1,), self.step, dtype=torch.long, device=self.device)
         self.check_every = check_interval(self.device)
-        # The batches gathered on the device, unless the step draws extra queries on the host.
-        self.feed: StackedBatches | None = None
-        if ANSWER_POSITIONS in first.train_set.extras or self.t.train_queries == 1:
+
+    def _stacked_feed(self) -> StackedBatches | None:
+        """The batches gathered on the device, unless the step draws extra queries on the
+        host."""
+        train_set = self.members[0].train_set
+        if ANSWER_POSITIONS in train_set.extras or self.t.train_queries == 1:
             seeds = [m.t.seed for m in self.members]
-            self.feed = StackedBatches(first.train_set, seeds, self.t.batch_size, self.device)
-        self.captured: CapturedStep | None = None
-        # Captured where every step has one shape, and not under bf16 autocast, whose cache of
-        # cast weights a graph must not keep (torch's CUDA-graph notes).
-        self._capture = (
-            graphs_enabled(self.device)
-            and self.feed is not None
-            and self.feed.fixed_width
-            and self.t.precision != "bf16"
-        )
-        self._width = 0
-        at_query = functools.partial(self._loss, query_loss)
-        at_positions = functools.partial(self._loss, multi_answer_loss)
-        self._grad_fn = vmap(grad_and_value(at_query))
-        self._grad_fn_multi = vmap(grad_and_value(at_positions), in_dims=(0, 0, 0, None, 0))
-        self._grad_fn_dense = vmap(grad_and_value(at_positions))
+            return StackedBatches(train_set, seeds, self.t.batch_size, self.device)
+        return None
 
     @torch.no_grad()
     def _take_moments(self) -> None:
@@ -421,3 +428,26 @@ class GroupTrainer:
                 self.sync(j)
         finally:
             self.reporter.stop()
+
+
+def _members(
+    cfgs: Sequence[RunConfig],
+    datasets: Mapping[str, Any],
+    run_dirs: Sequence[Path],
+    callbacks: Sequence[Callback],
+    resume: bool,
+) -> list[Trainer]:
+    """One trainer per run. Resumed: every member restores its own checkpoint (weights, AdamW
+    moments, schedule, running loss, metrics), as Trainer.run would, and the stack starts from
+    there."""
+    members = [
+        Trainer(cfg, datasets, Path(run_dir), callbacks, NullReporter())
+        for cfg, run_dir in zip(cfgs, run_dirs, strict=True)
+    ]
+    if resume:
+        for member in members:
+            if not member.resume():
+                raise ValueError(f"GroupTrainer: {member.checkpoint_dir}: no checkpoint")
+        if len({member.step for member in members}) != 1:
+            raise ValueError("GroupTrainer: the members' checkpoints are at different steps")
+    return members

@@ -12,7 +12,6 @@ execution/: pool.py (local), cluster.py (Ray).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from mecheval.experiments.plan import check_planned_devices, check_run_folders, 
 from mecheval.models.registry import plugin_paths
 from mecheval.training.folder import STATUS_FILE, peek_status
 from mecheval.training.resolved import ResolvedRun
+from mecheval.training.threads import usable_cores
 
 BACKENDS = ("local", "ray")
 
@@ -73,7 +73,7 @@ def make_jobs(
     ``spec``, when the caller has it already, with its folders checked); with
     ``check_devices``, every run's device must be on this machine (checked before any run
     folder is touched)."""
-    threads = max(1, (os.cpu_count() or 1) // max(1, workers))
+    threads = max(1, usable_cores() // max(1, workers))
     if planned is None:
         planned = plan_runs(spec, out_dir, cache_dir)
         check_run_folders(planned)  # a caller that planned them checked them

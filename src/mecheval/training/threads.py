@@ -7,10 +7,19 @@ previous count back, so that one run's setting never leaks into the next run of 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: those its CPU affinity allows (a cluster job's
+    cpuset, ``taskset``), else every core of the machine."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 def set_torch_threads(threads: int) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import signal
 import threading
 from collections import deque
@@ -28,6 +27,7 @@ from mecheval.experiments.execution.jobs import (
     execute_group,
 )
 from mecheval.training.run import Terminated
+from mecheval.training.threads import usable_cores
 from mecheval.training.turns import Baton
 
 #: How often the sweep's thread looks up from waiting, so that Ctrl-C reaches it.
@@ -54,7 +54,7 @@ def run_side_by_side(
     import torch
 
     # One process: its torch threads are every core's, not a worker's share.
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     queued = deque(
         (i, [dataclasses.replace(job, threads=cores) for job in group])
         for i, group in enumerate(groups)

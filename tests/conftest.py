@@ -13,6 +13,18 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_configure(config) -> None:
+    """Under pytest-xdist, each worker process runs on a share of the cores of its own (the
+    commands it starts too: a sweep's threads follow the cores its process may use), so
+    that a test's subprocess never competes for a core with another worker's test."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker and count > 1 and hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) >= count:
+            os.sched_setaffinity(0, cores[int(worker.removeprefix("gw")) :: count])
+
+
 @pytest.fixture(autouse=True)
 def _deterministic_threads():
     # Two cores on CI: one thread per test process keeps timings stable and results exact.
@@ -53,7 +65,7 @@ def native_calls(monkeypatch) -> list[str]:
 
 @dataclass(frozen=True)
 class Reproduced:
-    """What ``mecheval reproduce NAME --preset tiny --workers 2 -q`` did: its exit code and
+    """What ``mecheval reproduce NAME --preset tiny -q`` did: its exit code and
     output, and the folder it wrote (``runs/NAME-tiny``)."""
 
     exit_code: int
@@ -95,7 +107,7 @@ class TinyExperiments:
 @pytest.fixture(scope="session")
 def tiny_experiments(tmp_path_factory) -> TinyExperiments:
     """Every registered experiment at the tiny preset, run once per test session as a user
-    starts it (``mecheval reproduce NAME --preset tiny --workers 2``) into one folder: the
+    starts it (``mecheval reproduce NAME --preset tiny``) into one folder: the
     end-to-end tests (tests/test_reproduce_all.py) read what each printed and wrote, and the
     pages' commands (tests/test_doc_commands.py) start from its finished runs, so that a
     ``reproduce`` there reports instead of training again. Under pytest-xdist the workers
@@ -112,7 +124,9 @@ def _reproduce(name: str, out: Path) -> dict:
     from mecheval.cli import _register, app
 
     _register()
-    args = ["reproduce", name, "--preset", "tiny", "--workers", "2", "-q", "--out", str(out)]
+    # One worker: in this process (the worker pool's path has tests of its own,
+    # tests/test_experiments.py), without two fresh interpreters per experiment.
+    args = ["reproduce", name, "--preset", "tiny", "-q", "--out", str(out)]
     result = CliRunner().invoke(app, args)
     output = result.output
     if result.exception is not None and result.exit_code not in (0, 1):

@@ -19,6 +19,8 @@ from torch.func import grad_and_value, vmap
 pytest.importorskip("triton")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # else interpreted (conftest.py)
+#: The stack tests' batch: small, as the interpreter runs one program per document and head.
+BATCH = 4
 rule_triton = importlib.import_module("mecheval.models.ops.delta_rule_triton")
 
 from small_runs import config  # noqa: E402
@@ -130,6 +132,6 @@ def test_a_stack_through_the_kernels_equals_one_by_one(
     monkeypatch.setattr(triton_path, "TRITON_DEVICES", (DEVICE,))
     monkeypatch.setenv("MECHEVAL_TRITON", "all")
     data = build_datasets(resolve(config()).task)
-    assert_stack_equals_one_by_one(tmp_path, data, arch, DEVICE, spy)
-    batch = config().training.batch_size
+    assert_stack_equals_one_by_one(tmp_path, data, arch, DEVICE, spy, batch_size=BATCH)
+    batch = BATCH
     assert {batch, 2 * batch} <= set(batches)  # (and the probe's two documents before)

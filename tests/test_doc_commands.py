@@ -184,11 +184,26 @@ def workspace(tmp_path_factory, tiny_experiments) -> Path:
     """What the pages assume: configs/, the plugin and a sweep of it, a run, a sweep; and
     every registered experiment finished at the tiny preset (tests/conftest.py), so that a
     page's ``reproduce`` reports instead of training again: tests/test_reproduce_all.py
-    holds each experiment's training from scratch."""
+    holds each experiment's training from scratch. Built once per session: under
+    pytest-xdist the first worker to ask builds it, the others wait and share it."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # shared by the session's workers
+    folder = base / "docs-workspace"
+    with FileLock(str(base / "docs-workspace.lock")):
+        if not (folder / ".built").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            _build_workspace(folder, tiny_experiments.runs())
+            (folder / ".built").touch()
+    return folder
+
+
+def _build_workspace(folder: Path, runs: Path) -> None:
     from test_custom_architecture import doc_example
 
-    folder = tmp_path_factory.mktemp("docs")
-    shutil.copytree(tiny_experiments.runs(), folder / "runs")
+    shutil.copytree(runs, folder / "runs")
     shutil.copytree(ROOT / "configs", folder / "configs")
     (folder / "gated_linear_attention.py").write_text(doc_example())
     # The custom architecture page's my-sweep.yaml ("model.architecture: my-gla").
@@ -201,7 +216,6 @@ def workspace(tmp_path_factory, tiny_experiments) -> Path:
         "mecheval sweep configs/sweep-example.yaml -q",
     ):
         _ok(_run(command, folder), command)
-    return folder
 
 
 def _own_copy(workspace: Path, tmp_path: Path) -> Path:

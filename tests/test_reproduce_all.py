@@ -31,7 +31,7 @@ def test_the_catalog_is_what_reproduce_lists() -> None:
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_experiment_runs_end_to_end_at_tiny(name: str, tiny_experiments) -> None:
-    """``mecheval reproduce NAME --preset tiny --workers 2`` (run once per session by the
+    """``mecheval reproduce NAME --preset tiny`` (run once per session by the
     ``tiny_experiments`` fixture, tests/conftest.py, which the pages' commands start from)."""
     result = tiny_experiments[name]
     assert result.exit_code == 0, result.output

@@ -188,11 +188,12 @@ def test_attention_group_equals_one_by_one(tmp_path: Path, data, spy: StackSpy) 
 
 
 def assert_stack_equals_one_by_one(
-    tmp_path: Path, data, arch: str, device: str, spy: StackSpy
+    tmp_path: Path, data, arch: str, device: str, spy: StackSpy, **training
 ) -> None:
+    """Two runs (``training`` overrides both) stacked leave the folders they leave alone."""
     cfgs = [
-        config(arch, lr=3e-3, seed=0, steps=4, eval_every=2, device=device),
-        config(arch, lr=1e-2, seed=1, steps=4, eval_every=2, device=device),
+        config(arch, lr=3e-3, seed=0, steps=4, eval_every=2, device=device, **training),
+        config(arch, lr=1e-2, seed=1, steps=4, eval_every=2, device=device, **training),
     ]
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")

@@ -39,3 +39,31 @@ def test_a_config_the_model_cannot_take_fails_when_resolved(tmp_path: Path) -> N
     with pytest.raises(ConfigError, match=r"^model\.vocab_size: 3 is smaller"):
         ResolvedRun.of(cfg, tmp_path)
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_planning_builds_the_model_of_a_run_to_train_not_of_one_finished(
+    tmp_path: Path, monkeypatch
+):
+    """A run's model is built on the meta device when it is planned, to refuse a shape its
+    architecture cannot take; a folder that holds the finished run of the same config shows
+    it was built, and re-planning it (a rerun of `reproduce` for its report) builds nothing."""
+    import small_runs
+
+    from mecheval.experiments import plan
+    from mecheval.experiments.grid import SweepSpec
+    from mecheval.experiments.runners import run_sweep
+
+    spec = SweepSpec(name="p", base=small_runs.SWEEP_BASE, grid={"training.seed": [0, 1]})
+    run_sweep(spec, tmp_path, plan=None)
+    built = []
+    monkeypatch.setattr(plan, "check_model", lambda cfg: built.append(cfg.name))
+    names = [run.name for run in plan.plan_runs(spec, tmp_path)]
+    assert built == []
+    (tmp_path / "p" / names[1] / "status.json").unlink()  # no longer finished
+    plan.plan_runs(spec, tmp_path)
+    assert built == [names[1]]
+    # Another config under the same name is built (and then refused by the folder check).
+    built.clear()
+    other = spec.model_copy(update={"set": {"training.lr": 0.5}})
+    plan.plan_runs(other, tmp_path)
+    assert built == names

@@ -27,8 +27,8 @@ from typing import Any
 
 from mecheval.errors import ConfigError, validate
 from mecheval.experiments.grid import TASK_AXIS, RunSpec, SweepSpec, expand, name_part
-from mecheval.training.config import RunConfig, check_device, resolve, set_field
-from mecheval.training.folder import RUNTIME_FIELDS, RunFolder
+from mecheval.training.config import RunConfig, check_device, check_model, resolve, set_field
+from mecheval.training.folder import RUNTIME_FIELDS, RunFolder, finished_as
 from mecheval.training.presets import preset
 from mecheval.training.resolved import ResolvedRun
 
@@ -90,10 +90,13 @@ def plan_runs(
             for key, value in values.items():
                 set_field(data, key.split("."), copy.deepcopy(value))
             data["name"] = run.name
-            cfg = resolve(validate(RunConfig, data))
+            cfg = resolve(validate(RunConfig, data), build_check=False)
+            run_dir = Path(out_dir) / spec.name / run.name
+            if not finished_as(run_dir, cfg):  # a finished run of it was built: no need
+                check_model(cfg)
         except ConfigError as err:
             raise ConfigError(f"sweep run {run.name}: {err}") from None
-        planned.append(ResolvedRun(cfg, Path(out_dir) / spec.name / run.name, cache_dir))
+        planned.append(ResolvedRun(cfg, run_dir, cache_dir))
     return planned
 
 

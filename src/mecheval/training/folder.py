@@ -127,6 +127,17 @@ def check_same_config(run_dir: Path, cfg: RunConfig) -> None:
         )
 
 
+def finished_as(run_dir: Path, cfg: RunConfig) -> bool:
+    """Whether ``run_dir`` holds a finished run of ``cfg`` (runtime fields aside)."""
+    if not (Path(run_dir) / CONFIG_FILE).is_file() or not is_finished(peek_status(run_dir)):
+        return False
+    try:
+        check_same_config(run_dir, cfg)
+    except ConfigError:
+        return False
+    return True
+
+
 def write_status(run_dir: Path, **fields: Any) -> dict[str, Any]:
     status = {
         "state": fields.pop("state"),

@@ -25,6 +25,16 @@ def pytest_configure(config) -> None:
             os.sched_setaffinity(0, cores[int(worker.removeprefix("gw")) :: count])
 
 
+#: Test modules handed out first: their tests are the longest (the tiny catalog, the pages'
+#: commands), so that under pytest-xdist the workers end on short tests, not one on a long
+#: one while the other waits.
+LONGEST_FIRST = ("test_doc_commands.py", "test_reproduce_all.py")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    items.sort(key=lambda item: item.path.name not in LONGEST_FIRST)  # stable: order kept
+
+
 @pytest.fixture(autouse=True)
 def _deterministic_threads():
     # Two cores on CI: one thread per test process keeps timings stable and results exact.

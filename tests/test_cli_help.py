@@ -43,6 +43,8 @@ def listed_commands(text: str) -> list[str]:
 def test_flags_show_no_value_placeholder(path: tuple[str, ...]) -> None:
     text = help_text(*path)
     assert "<bool>" not in text
+    # A repeatable option names what it takes (FILE, SITE, KEY=VALUE), not its Python type.
+    assert not re.findall(r"^  -.*<list\[", text, flags=re.MULTILINE), text
     assert re.search(r"^  --help +Show this message", text, flags=re.MULTILINE), text
 
 

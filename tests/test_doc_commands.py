@@ -76,6 +76,11 @@ SUBSTITUTIONS = [
         "a reproduce at its default preset (quick): at the tiny preset",
     ),
     (
+        r"(runs/\S+/[\w-]+)-(?:quick|paper)\b",
+        r"\1-tiny",
+        "... and the folder such a reproduce writes",
+    ),
+    (
         r"^(mecheval reproduce (?:(?!--archs).)*--compile(?:(?!--archs).)*)$",
         r"\1 --archs attention",
         "torch.compile's first compile of seven architectures: 3 min 22 s on the 2-core CPU",
@@ -149,6 +154,9 @@ def test_the_substitutions_turn_placeholders_and_long_presets_into_runnable_comm
         "mecheval reproduce ar --preset tiny --widths 64"
     )
     assert substituted("mecheval reproduce --list") == "mecheval reproduce --list"
+    assert substituted("mecheval report runs/here/ar-quick runs/b/ar-paper --html") == (
+        "mecheval report runs/here/ar-tiny runs/b/ar-tiny --html"
+    )
     assert substituted("mecheval reproduce ar --preset paper --compile") == (
         "mecheval reproduce ar --preset tiny --compile --archs attention"
     )
@@ -192,10 +200,11 @@ def workspace(tmp_path_factory, tiny_experiments) -> Path:
     if os.environ.get("PYTEST_XDIST_WORKER"):
         base = base.parent  # shared by the session's workers
     folder = base / "docs-workspace"
+    runs = tiny_experiments.runs()  # outside the lock: every worker helps build them
     with FileLock(str(base / "docs-workspace.lock")):
         if not (folder / ".built").exists():
             shutil.rmtree(folder, ignore_errors=True)
-            _build_workspace(folder, tiny_experiments.runs())
+            _build_workspace(folder, runs)
             (folder / ".built").touch()
     return folder
 

@@ -86,7 +86,9 @@ def test_a_folder_whose_run_never_trained_does_not_block_the_corrected_config(
         train(bad, run)
 
 
-def test_reproduce_exits_1_when_a_run_failed(tmp_path: Path, monkeypatch, capsys) -> None:
+def test_reproduce_reports_a_diverged_run_and_exits_0(tmp_path: Path, monkeypatch, capsys):
+    """A grid's diverged run is a result (the paper's high LRs diverge): recorded with its
+    reason and reported, exit 0 (a crashed run exits 1: tests/test_gather.py)."""
     args = ("reproduce", "ar", "--preset", "tiny", "--archs", "attention", "--out", str(tmp_path))
     code, _, err = run_cli(monkeypatch, capsys, *args, "-q")
     assert code == 0, err
@@ -95,7 +97,7 @@ def test_reproduce_exits_1_when_a_run_failed(tmp_path: Path, monkeypatch, capsys
     status.update(state="failed", reason="diverged: made up for the test")
     status_path.write_text(json.dumps(status))
     code, out, _ = run_cli(monkeypatch, capsys, *args, "-q")
-    assert code == 1
+    assert code == 0
     assert "1 failed" in out and "diverged: made up for the test" in out
 
 

@@ -480,6 +480,32 @@ def test_emergence_figure():
         FIGURES["emergence"](pd.DataFrame(rows[: len(rows) // 2]).assign(step=200))
 
 
+def test_emergence_of_seven_architectures_at_one_width_is_a_grid_of_distinct_curves():
+    archs = ["mamba", "hyena", "h3", "deltanet", "based", "baseconv", "attention"]
+    rows = []
+    for arch in archs:
+        # Equal restores (corrupted = @ key = @ query): the lines lie on each other.
+        rows += run_rows(
+            arch,
+            config(arch, 64),
+            dev=0.9,
+            mech=restore_mech(0.9, 0.1, 0.1, 0.8, 0.1),
+            steps=(100, 200),
+            mech_steps=(100, 200),
+        )
+    figure = FIGURES["emergence"](pd.DataFrame(rows)).figure
+    shown = [ax for ax in figure.axes if ax.get_visible()]
+    assert len(shown) == 7  # one panel per architecture ...
+    rows_of = sorted({round(ax.get_position().y0, 3) for ax in shown})
+    assert len(rows_of) == 2  # ... in two rows of up to four, not one column of seven
+    assert [ax.get_title().split(",")[0] for ax in shown][:2] == ["AR Mamba", "AR Hyena"]
+    lines = shown[0].get_lines()
+    assert len(lines) == 5
+    # Each measure drawn its own way: equal curves stay visible as different dashes and marks.
+    assert len({(str(line.get_linestyle()), line.get_marker()) for line in lines}) == 5
+    assert len(figure.legends) == 1 and len(figure.legends[0].get_texts()) == 5
+
+
 def test_restore_titles_name_the_actual_sites():
     rows = []
     for layers in (2, 3):
@@ -570,15 +596,15 @@ def test_cli_loads_experiment_dir(main_table, tmp_path, monkeypatch, capsys):
 
     seen = []
 
-    def fake(path: Path) -> pd.DataFrame:
-        seen.append(path)
+    def fake(paths: list[Path]) -> pd.DataFrame:
+        seen.append(paths)
         return main_table
 
     monkeypatch.setattr(cli_report, "load_results", fake)
     code, out, _ = run_cli(
         monkeypatch, capsys, "report", str(tmp_path), "--figure", "ar-restore", "--format", "png"
     )
-    assert code == 0 and seen == [tmp_path]
+    assert code == 0 and seen == [[tmp_path]]
     assert sorted(p.name for p in (tmp_path / "report").iterdir()) == [
         "ar-restore.md",
         "ar-restore.png",

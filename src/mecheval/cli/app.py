@@ -75,6 +75,7 @@ def options(
     plugin: Annotated[
         list[Path] | None,
         typer.Option(
+            metavar="FILE",
             help="a .py file that registers custom architectures (repeatable; see "
             "docs/custom-architecture.md)",
         ),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -122,18 +123,35 @@ def sweep_command(
         retry_failed=retry_failed,
         group_size=group_size,
     )
-    if any(o.state != "done" for o in outcomes):
-        raise typer.Exit(1)
+    exit_on_crash(outcomes)
 
 
 @app.command("results")
 def results_command(
-    experiment_dir: Annotated[Path, typer.Argument(help="an experiment folder: OUT/<sweep>")],
+    experiment_dirs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="experiment folders (OUT/<sweep>), one or several: the pieces of one grid, "
+            "read as one (a run in two of them must have one config)",
+            show_default=False,
+        ),
+    ],
     fmt: Annotated[str, typer.Option("--format", help="csv | parquet | markdown")] = "csv",
     out: Annotated[Path | None, typer.Option(help="write here instead of stdout")] = None,
+    provenance: Annotated[
+        bool,
+        typer.Option(
+            "--provenance",
+            help="instead: where each run came from (mecheval and torch versions, commit, "
+            "machine, device, threads, precision, kernels, the fingerprints of its documents "
+            "and initial weights), one row per run",
+        ),
+    ] = False,
 ) -> None:
     """One tidy table (config columns + behavioural + mechanistic metrics) from run folders."""
-    from mecheval.experiments.store import load_results, require_pyarrow, write_results
+    from mecheval.experiments.gather import load_folders
+    from mecheval.experiments.origins import provenance_table
+    from mecheval.experiments.store import require_pyarrow, write_results
 
     if fmt not in ("csv", "parquet", "markdown"):
         raise ConfigError(f"--format: expected csv, parquet or markdown, got {fmt!r}")
@@ -142,7 +160,7 @@ def results_command(
         if out is None:
             raise ConfigError("--format parquet: needs --out FILE")
         require_pyarrow()
-    table = load_results(experiment_dir)
+    table = (provenance_table if provenance else load_folders)(experiment_dirs)
     if out is not None:
         write_results(table, out, fmt)
         typer.echo(f"wrote {len(table)} rows to {out}")
@@ -201,15 +219,22 @@ def reproduce_command(
         group_size=group_size,
     )
     report_experiment(out / spec.name, experiment, spec, echo=typer.echo)
-    if any(o.state != "done" for o in outcomes):
-        raise typer.Exit(1)  # after the report, which shows what the finished runs measured
+    exit_on_crash(outcomes)  # after the report, which shows what the finished runs measured
+
+
+def exit_on_crash(outcomes: Sequence[Outcome]) -> None:
+    """Exit 1 where a run crashed (the same command resumes it). A run that diverged is a
+    result, recorded as diverged with its reason (the paper's high LRs diverge): exit 0."""
+    if any(o.state != "done" and not o.reason.startswith("diverged") for o in outcomes):
+        raise typer.Exit(1)
 
 
 def _list_experiments() -> None:
     from mecheval.experiments.catalog import list_experiments
+    from mecheval.experiments.reproduce import listed_figures
 
     for e in list_experiments():
-        typer.echo(f"{e.name:<18} {e.description}  [figures: {', '.join(e.figures)}]")
+        typer.echo(f"{e.name:<18} {e.description}  [figures: {', '.join(listed_figures(e))}]")
 
 
 def parse_values(flag: str, text: str | None, kind: type) -> list | None:

@@ -17,12 +17,14 @@ Sites = Annotated[
     list[str] | None,
     typer.Option(
         "--sites",
+        metavar="SITE",
         help="sites to patch (repeatable); default all module sites. A recurrent "
         "mixer's state is the site layers.{i}.mixer.state (docs/architecture.md)",
     ),
 ]
 Roles = Annotated[
-    list[str] | None, typer.Option("--roles", help="roles to patch (repeatable); default all")
+    list[str] | None,
+    typer.Option("--roles", metavar="ROLE", help="roles to patch (repeatable); default all"),
 ]
 Split = Annotated[str, typer.Option(help="dev | test")]
 NDocs = Annotated[int | None, typer.Option("-n", help="documents (default: the split)")]

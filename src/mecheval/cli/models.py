@@ -61,7 +61,9 @@ def check_mixer(
     name: Annotated[str, typer.Argument(help="a registered architecture (see models list)")],
     option: Annotated[
         list[str] | None,
-        typer.Option("--set", help="a mixer option, key=value (YAML value), repeatable"),
+        typer.Option(
+            "--set", metavar="KEY=VALUE", help="a mixer option, key=value (YAML value), repeatable"
+        ),
     ] = None,
 ) -> None:
     """Run the architecture contract on NAME: shapes, causality, batch independence, query

@@ -81,6 +81,7 @@ Sets = Annotated[
     list[str] | None,
     typer.Option(
         "--set",
+        metavar="KEY=VALUE",
         help="override a field of every run, e.g. --set model.n_layers=1 (repeatable); "
         "the runs go to their own folder, OUT/<experiment>-<preset>-L1 (training.threads, "
         "device, compile and kernels keep the experiment's folder); not a field the grid varies",

@@ -12,25 +12,34 @@ from mecheval.cli.app import app
 from mecheval.errors import ConfigError
 
 
-def load_results(experiment_dir: Path) -> pd.DataFrame:
+def load_results(experiment_dirs: list[Path]) -> pd.DataFrame:
     # Imported on use: the store reads run folders, which `--table` does not need.
-    from mecheval.experiments.store import load_results as load
+    from mecheval.experiments.gather import load_folders
 
-    return load(experiment_dir)
+    return load_folders(experiment_dirs)
 
 
-ExperimentDir = Annotated[
-    Path | None,
-    typer.Argument(help="experiment folder (runs/<experiment>); omit when giving --table"),
+ExperimentDirs = Annotated[
+    list[Path] | None,
+    typer.Argument(
+        help="experiment folders (runs/<experiment>), one or several: the pieces of one grid "
+        "run on different machines are read as one; omit when giving --table",
+        show_default=False,
+    ),
 ]
 FigureNames = Annotated[
     list[str] | None,
-    typer.Option("--figure", "-f", help="figure to make (repeatable); default: all with data"),
+    typer.Option(
+        "--figure", "-f", metavar="NAME", help="figure to make (repeatable); default: all with data"
+    ),
 ]
 Html = Annotated[bool, typer.Option("--html", help="also write one self-contained report.html")]
 ReportOut = Annotated[
     Path | None,
-    typer.Option(help="output folder; default: <experiment>/report (or next to --table)"),
+    typer.Option(
+        help="output folder; default: <experiment>/report, with several folders the first's "
+        "report-merged/ (or next to --table)"
+    ),
 ]
 TablePath = Annotated[
     Path | None,
@@ -38,29 +47,38 @@ TablePath = Annotated[
 ]
 Formats = Annotated[
     list[str] | None,
-    typer.Option("--format", help="figure file formats (repeatable); default: png and pdf"),
+    typer.Option(
+        "--format", metavar="FORMAT", help="figure file formats (repeatable); default: png and pdf"
+    ),
 ]
 
 
 @app.command("report")
 def report(
-    experiment_dir: ExperimentDir = None,
+    experiment_dirs: ExperimentDirs = None,
     figure: FigureNames = None,
     html: Html = False,
     out: ReportOut = None,
     table: TablePath = None,
     formats: Formats = None,
 ) -> None:
-    """Write the paper's figures (markdown + png + pdf) and print their tables."""
+    """Write the paper's figures (markdown + png + pdf) and print their tables.
+
+    Several EXPERIMENT_DIRS are one grid gathered from its pieces (a run in two of them must
+    have one config; a run cut off in one and finished in another is read where it
+    finished); where the runs came from more than one folder, machine or software version,
+    the report says which ran where. Only the runs' small files are read, not their
+    weights."""
     from mecheval.io import atomic_write_text
     from mecheval.report import FIGURES, available_figures, write_figure
     from mecheval.report.html import render_html
+    from mecheval.report.where import where_runs_ran
 
     names = list(figure or [])
     unknown = [n for n in names if n not in FIGURES]
     if unknown:
         raise ConfigError(f"--figure: unknown figure {unknown[0]!r} (valid: {', '.join(FIGURES)})")
-    df, out_dir = _results_table(experiment_dir, table, out)
+    df, out_dir = _results_table(experiment_dirs or [], table, out)
     results, skipped = available_figures(df, names or None)
     if names and skipped:
         # Asked-for figures that cannot be made are an error, not a silent omission.
@@ -76,18 +94,25 @@ def report(
         typer.echo(f"wrote {', '.join(str(p) for p in paths)}\n")
     if skipped:
         typer.echo("figures without data:\n" + "\n".join(f"  {why}" for why in skipped.values()))
+    where = where_runs_ran(df)
+    if where:
+        typer.echo(where)
     if html:
-        page = atomic_write_text(out_dir / "report.html", render_html(results, skipped))
+        notes = [where] if where else []
+        page = atomic_write_text(
+            out_dir / "report.html", render_html(results, skipped, notes=notes)
+        )
         typer.echo(f"wrote {page}")
 
 
-def _results_table(experiment_dir: Path | None, table: Path | None, out: Path | None):
+def _results_table(experiment_dirs: list[Path], table: Path | None, out: Path | None):
     """The results table, from run folders or a saved table, and where its report goes."""
     from mecheval.report import load_table, normalise
 
-    if (experiment_dir is None) == (table is None):
-        raise ConfigError("report: give either an EXPERIMENT_DIR or --table, not both or neither")
+    if bool(experiment_dirs) == (table is not None):
+        raise ConfigError("report: give either EXPERIMENT_DIRS or --table, not both or neither")
     if table is not None:
         return load_table(table), out or table.parent / "report"
-    assert experiment_dir is not None
-    return normalise(load_results(experiment_dir)), out or experiment_dir / "report"
+    first = experiment_dirs[0]
+    default = first / ("report" if len(experiment_dirs) == 1 else "report-merged")
+    return normalise(load_results(experiment_dirs)), out or default

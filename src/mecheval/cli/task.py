@@ -32,7 +32,9 @@ Kind = Annotated[str, typer.Argument(help=f"task kind: {' or '.join(TASKS)}")]
 Overrides = Annotated[
     list[str] | None,
     typer.Option(
-        "--set", help="override a task field, e.g. n_pairs=4 or task.n_pairs=4 (repeatable)"
+        "--set",
+        metavar="KEY=VALUE",
+        help="override a task field, e.g. n_pairs=4 or task.n_pairs=4 (repeatable)",
     ),
 ]
 Split = Annotated[str, typer.Option(help="train, dev or test")]

@@ -28,7 +28,11 @@ Task = Annotated[str, typer.Option(help="with --preset: task kind (ar, atr, …)
 Arch = Annotated[str, typer.Option(help="with --preset: architecture name")]
 Overrides = Annotated[
     list[str] | None,
-    typer.Option("--set", help="override a field, e.g. --set training.lr=3e-4 (repeatable)"),
+    typer.Option(
+        "--set",
+        metavar="KEY=VALUE",
+        help="override a field, e.g. --set training.lr=3e-4 (repeatable)",
+    ),
 ]
 RunsOut = Annotated[Path, typer.Option(help="folder that holds run folders")]
 Name = Annotated[str | None, typer.Option(help="run folder name (default: from config)")]

@@ -48,6 +48,17 @@ def report_figures(experiment: Experiment, spec: SweepSpec) -> tuple[str, ...]:
     return tuple(name for name in names if name in FIGURES)
 
 
+def listed_figures(experiment: Experiment) -> tuple[str, ...]:
+    """Every figure ``reproduce`` draws for the experiment, in report order: the grading of
+    its estimates (where it grades them), its mechanism matrix (named after it), then
+    :func:`report_figures` (at the quick preset: the tasks are the same at every preset)."""
+    from mecheval.report.grading import NAME as GRADING
+
+    grading = (GRADING,) if experiment.plan.methods else ()
+    matrix = (experiment.name,) if experiment.matrix else ()
+    return (*grading, *matrix, *report_figures(experiment, experiment.sweep("quick")))
+
+
 def report_experiment(
     experiment_dir: Path,
     experiment: Experiment,

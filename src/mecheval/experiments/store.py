@@ -7,10 +7,18 @@ the run's resolved ``config.yaml`` (flattened into dotted config columns), ``sta
 
 Schema (one row per value)::
 
-    run, status, reason, state_size, <config columns: task.*, model.*, training.*>,
+    run, status, reason, folder, ran_on, software, state_size,
+    <config columns: task.*, model.*, training.*>,
     source (behavioural | mechanistic | attribution | integrated-gradients), step, split,
     condition ("" | original | corrupted | restored), site, layer, component, io, role,
     metric (likelihood | accuracy | loss | in_context_mass | in_context_accuracy | ...), value
+
+``status`` is done, failed, running (a process holds the run folder now), cut off (its
+status says running, but no process holds it: killed, or trained on another machine and
+copied mid-run) or pending. ``folder`` is the sweep folder the run was read from (of a grid
+gathered from several: experiments/gather.py), ``ran_on`` the device it trained on (the CPU
+model or the card) and ``software`` mecheval (and its commit) and torch, from its
+provenance.json: empty for a run without one.
 
 ``state_size`` is the floats one sequence carries through the model at inference after the
 task's longest document (``model.max_len`` tokens; ``models.state_size``), empty where it is
@@ -45,8 +53,13 @@ from mecheval.training.folder import (
     MECHANISM_FILE,
     METRICS_FILE,
     STATUS_FILE,
+    is_held,
+    read_provenance,
     read_status,
 )
+
+#: The state of a run whose status says running while no process trains it.
+CUT_OFF = "cut off"
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -64,12 +77,16 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def run_status(run_dir: Path) -> dict[str, Any]:
-    """The run's status, "pending" before it started; never raises on a bad file."""
+    """The run's status, "pending" before it started and "cut off" where it says running
+    but no process holds its folder; never raises on a bad file."""
     try:
-        return read_status(run_dir) or {"state": "pending"}
+        status = read_status(run_dir) or {"state": "pending"}
     except DamagedFile:
         # Writes are atomic, so a broken file means someone else wrote it: say so, don't guess.
         return {"state": "unreadable", "reason": f"{run_dir / STATUS_FILE}: not valid JSON"}
+    if status.get("state") == "running" and not is_held(run_dir):
+        return {**status, "state": CUT_OFF}
+    return status
 
 
 def read_table(path: Path, required: Sequence[str], **options: Any) -> pd.DataFrame:
@@ -204,16 +221,35 @@ def run_table(run_dir: Path) -> pd.DataFrame:
     )
     if measurements.empty:
         measurements = pd.DataFrame([{c: None for c in MEASUREMENT_COLUMNS}])
+    ran_on, software = _origin(run_dir)
     head = {
         "run": run_dir.name,
         "status": status.get("state"),
         "reason": status_reason(status),
+        "folder": run_dir.parent.name,
+        "ran_on": ran_on,
+        "software": software,
         "state_size": model_state_size(json.dumps(config.get("model", {}), sort_keys=True)),
     }
     head.update(flatten({k: v for k, v in config.items() if k in ("task", "model", "training")}))
     for column, value in reversed(head.items()):
         measurements.insert(0, column, [value] * len(measurements))
     return measurements
+
+
+def _origin(run_dir: Path) -> tuple[str, str]:
+    """The device its last training session ran on, and mecheval and torch then ("" where
+    the run has no provenance.json)."""
+    sessions = (read_provenance(run_dir) or {}).get("sessions") or [{}]
+    last = sessions[-1]
+    if not last:
+        return "", ""
+    commit = last.get("commit")
+    version = f"mecheval {last.get('mecheval')}"
+    if commit:
+        version += f" {str(commit)[:7]}{'+dirty' if last.get('dirty') else ''}"
+    cuda = f", CUDA {last['cuda']}" if last.get("cuda") else ""
+    return str(last.get("device_name") or ""), f"{version}, torch {last.get('torch')}{cuda}"
 
 
 @functools.lru_cache(maxsize=256)
@@ -235,14 +271,24 @@ def run_dirs(experiment_dir: Path) -> list[Path]:
     return sorted(p for p in experiment_dir.iterdir() if (p / CONFIG_FILE).exists())
 
 
-def load_results(experiment_dir: str | Path) -> pd.DataFrame:
-    """The experiment's tidy results table (see the module docstring for the schema)."""
+def experiment_runs(experiment_dir: str | Path) -> list[Path]:
+    """The experiment's run folders, in name order; ConfigError where there are none."""
     experiment_dir = Path(experiment_dir)
     if not experiment_dir.is_dir():
         raise ConfigError(f"{experiment_dir}: not an experiment folder")
     runs = run_dirs(experiment_dir)
     if not runs:
         raise ConfigError(f"{experiment_dir}: no run folders (with config.yaml) inside")
+    return runs
+
+
+def load_results(experiment_dir: str | Path) -> pd.DataFrame:
+    """The experiment's tidy results table (see the module docstring for the schema)."""
+    return results_table(experiment_runs(experiment_dir))
+
+
+def results_table(runs: Sequence[Path]) -> pd.DataFrame:
+    """The tidy results table of these run folders."""
     return pd.concat([run_table(r) for r in runs], ignore_index=True)
 
 

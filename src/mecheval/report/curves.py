@@ -14,6 +14,11 @@ from mecheval.report.render import LR_TUNED, FigureResult, md_table, runs_summar
 from mecheval.report.select import value_label
 from mecheval.report.tables import format_cell
 
+#: Panels per row where a figure has one d_model.
+PANELS_PER_ROW = 4
+#: Each measure's (dashes, marker), in the order of ``Curves.measures``.
+LINE_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "v"), ((0, (1, 1)), "D")]
+
 
 @dataclass
 class Curves:
@@ -46,45 +51,66 @@ class Curves:
             (data["task"] == task) & (data["architecture"] == arch) & (data["d_model"] == width)
         ]
 
+    def _grid(self) -> list[tuple[str, str, Any]]:
+        """The panels in reading order: (task, architecture, d_model)."""
+        return [(t, a, w) for t, a in self.panels for w in self._widths()]
+
     def _figure(self, name: str) -> Figure:
         widths = self._widths()
-        figure_width = 2.6 * len(widths) + 0.6
-        fig = Figure(figsize=(figure_width, 2.0 * len(self.panels) + 0.8), layout="constrained")
+        panels = self._grid()
+        # One panel per (task, architecture) row and d_model column; with one d_model, the
+        # panels wrap into rows of up to four (seven architectures: two rows, not a column
+        # of seven).
+        columns = len(widths) if len(widths) > 1 else min(PANELS_PER_ROW, len(panels))
+        rows = -(-len(panels) // columns)
+        figure_width = 2.6 * columns + 0.6
+        fig = Figure(figsize=(figure_width, 2.0 * rows + 1.0), layout="constrained")
         wrapped_title(fig, f"{name}: {self.plot_title}", figure_width)
-        axes = fig.subplots(len(self.panels), len(widths), squeeze=False, sharey=True)
+        axes = fig.subplots(rows, columns, squeeze=False, sharey=True).flatten()
         colours = dict(zip(self.measures, matplotlib.colormaps["tab10"].colors, strict=False))
-        for i, (task, arch) in enumerate(self.panels):
-            for j, width in enumerate(widths):
-                ax = axes[i][j]
-                here = self._here(task, arch, width)
-                for measure in self.measures:
-                    line = here[here["measure"] == measure].sort_values("step")
-                    if line.empty:
-                        continue
-                    ax.plot(
+        styles = dict(zip(self.measures, LINE_STYLES, strict=False))
+        for ax, (task, arch, width) in zip(axes, panels, strict=False):
+            here = self._here(task, arch, width)
+            for measure in self.measures:
+                line = here[here["measure"] == measure].sort_values("step")
+                if line.empty:
+                    continue
+                dashes, marker = styles.get(measure, ("-", "o"))
+                # Equal curves stay visible: each measure its own dashes and hollow marker.
+                ax.plot(
+                    line["step"],
+                    line["mean"],
+                    linestyle=dashes,
+                    marker=marker,
+                    ms=3.5,
+                    mfc="none",
+                    lw=1.2,
+                    color=colours[measure],
+                    label=measure,
+                )
+                if line["ci"].notna().any():
+                    ax.fill_between(
                         line["step"],
-                        line["mean"],
-                        marker="o",
-                        ms=2,
-                        lw=1,
+                        line["lo"],
+                        line["hi"],
+                        alpha=0.2,
                         color=colours[measure],
-                        label=measure,
+                        lw=0,
                     )
-                    if line["ci"].notna().any():
-                        ax.fill_between(
-                            line["step"],
-                            line["lo"],
-                            line["hi"],
-                            alpha=0.2,
-                            color=colours[measure],
-                            lw=0,
-                        )
-                ax.set_ylim(0, 100)
-                ax.set_title(f"{task} {arch}, d={value_label(width)}", fontsize=7)
-                ax.tick_params(labelsize=6)
-                ax.set_xlabel("step", fontsize=6)
-        axes[0][0].set_ylabel("likelihood (%)", fontsize=6)
-        axes[0][0].legend(fontsize=5, loc="best")
+            ax.set_ylim(0, 100)
+            ax.set_title(f"{task} {arch}, d={value_label(width)}", fontsize=7)
+            ax.tick_params(labelsize=6)
+            ax.set_xlabel("step", fontsize=6)
+        for ax in axes[len(panels) :]:
+            ax.set_visible(False)
+        for ax in axes[::columns]:
+            ax.set_ylabel("likelihood (%)", fontsize=6)
+        legend = {}
+        for ax in axes[: len(panels)]:
+            legend.update(zip(*reversed(ax.get_legend_handles_labels()), strict=True))
+        fig.legend(
+            list(legend.values()), list(legend), loc="outside lower center", ncols=5, fontsize=6
+        )
         return fig
 
     def _markdown(self, name: str) -> str:

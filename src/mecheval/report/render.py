@@ -213,6 +213,7 @@ def runs_summary(runs: pd.DataFrame, summaries: Sequence[pd.DataFrame], tuned: s
     status = info["status"]
     failed = info[status == "failed"]
     running = int((status == "running").sum())
+    cut_off = int((status == "cut off").sum())
     ns = pd.concat([s["n"] for s in summaries if not s.empty] or [pd.Series([0])])
     n_max = int(ns.max()) if len(ns) else 0
     n_min = int(ns[ns > 0].min()) if (ns > 0).any() else 0
@@ -224,7 +225,9 @@ def runs_summary(runs: pd.DataFrame, summaries: Sequence[pd.DataFrame], tuned: s
     lines = [
         f"Runs: {len(info)} ({len(failed)} failed"
         + (f", {running} still running" if running else "")
+        + (f", {cut_off} cut off" if cut_off else "")
         + f"). Failed runs: {len(failed)} of {len(info)}. {cells}; {tuned}."
+        + (" Unfinished runs are not in the cells." if running or cut_off else "")
     ]
     if len(failed):
         lines.append("")

@@ -72,7 +72,7 @@ def final_behaviour(df: pd.DataFrame) -> pd.DataFrame:
 def _run_scores(df: pd.DataFrame, split: str, metric: str) -> pd.Series:
     rows = final_behaviour(df)
     rows = rows[(rows["split"] == split) & (rows["metric"] == metric)]
-    rows = rows[rows["status"] != "failed"]
+    rows = rows[rows["status"] == "done"]  # not a failed run's, nor one still training
     return rows.groupby("run")["value"].mean()
 
 
@@ -131,8 +131,9 @@ def seed_summary(df: pd.DataFrame, by: Sequence[str], value: str = "value") -> p
 
     Each run contributes one number (its rows in a group are averaged first). Columns: ``by``,
     ``mean``, ``ci`` (half-width; NaN for n < 2), ``lo``, ``hi``, ``sd``, ``n`` (runs with a
-    value), ``runs`` (all runs in the group) and ``failed`` (failed runs in the group). Values
-    of failed runs are not averaged in.
+    value), ``runs`` (all runs in the group) and ``failed`` (failed runs in the group). Only
+    finished runs are averaged: not a failed one's values, nor those of a run still training
+    or cut off.
     """
     by = list(by)
     status = df["status"] if "status" in df.columns else pd.Series("done", index=df.index)
@@ -146,7 +147,7 @@ def seed_summary(df: pd.DataFrame, by: Sequence[str], value: str = "value") -> p
     records = []
     for group, rows in frame.groupby("_g", sort=False):
         runs = rows.drop_duplicates("run")
-        ok = rows[rows["status"] != "failed"]
+        ok = rows[rows["status"] == "done"]  # a running or cut-off run's values are no result
         per_run = ok.groupby("run")["_v"].mean().dropna()
         n = len(per_run)
         mean = float(per_run.mean()) if n else math.nan

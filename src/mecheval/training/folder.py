@@ -6,6 +6,9 @@
     model.safetensors     final weights (written when the run is done)
     metrics.csv           tidy behavioural metrics: step, split, metric, value (the Trainer's)
     status.json           {"state": "running" | "done" | "failed", "reason", "step", ...}
+    provenance.json       where it came from: software, machine, settings per training
+                          session; fingerprints of its documents and initial weights
+                          (see provenance.py)
     checkpoint/           training state while the run is unfinished (see checkpoint.py)
     .lock                 while a process trains the run: its PID (see :meth:`RunFolder.locked`)
 
@@ -36,6 +39,7 @@ from safetensors.torch import load_file
 from mecheval.errors import ConfigError, DamagedFile, first_line
 from mecheval.io import atomic_save_safetensors, atomic_write_json, atomic_write_text, read_json
 from mecheval.models import LanguageModel, build_model
+from mecheval.training import provenance
 from mecheval.training.checkpoint import remove_checkpoint
 from mecheval.training.config import (
     RunConfig,
@@ -51,6 +55,7 @@ CONFIG_FILE = "config.yaml"
 MODEL_FILE = "model.safetensors"
 METRICS_FILE = "metrics.csv"
 STATUS_FILE = "status.json"
+PROVENANCE_FILE = "provenance.json"
 CHECKPOINT_DIR = "checkpoint"
 LOCK_FILE = ".lock"
 # ... the emergence callback during training, and the interventions after it
@@ -255,8 +260,26 @@ class RunFolder:
             path.unlink(missing_ok=True)
             os.close(fd)
 
-    def running(self, **notes: Any) -> dict[str, Any]:
+    def running(
+        self, documents: str | None = None, initial_weights: str | None = None, **notes: Any
+    ) -> dict[str, Any]:
+        """Mark the run running and open a session in ``provenance.json``; ``documents`` and
+        ``initial_weights`` are the run's fingerprints (kept from its first session)."""
+        record = read_provenance(self.path) or {}
+        for key, value in (("documents", documents), ("initial_weights", initial_weights)):
+            if record.get(key) is None:
+                record[key] = value
+        record["sessions"] = [*record.get("sessions", []), provenance.session(self.cfg)]
+        atomic_write_json(self.path / PROVENANCE_FILE, record)
         return write_status(self.path, state="running", step=0, total_steps=self.total, **notes)
+
+    def _end_session(self, state: str, step: int) -> None:
+        """Close the session :meth:`running` opened: when, how and at which step it ended."""
+        record = read_provenance(self.path)
+        if not record or not record.get("sessions"):
+            return
+        record["sessions"][-1].update(ended=provenance.now(), state=state, step=step)
+        atomic_write_json(self.path / PROVENANCE_FILE, record)
 
     def done(
         self,
@@ -270,6 +293,7 @@ class RunFolder:
         """Save the final ``weights`` and mark the run done; its checkpoint is then only
         kept with ``training.keep_checkpoint``."""
         atomic_save_safetensors(self.path / MODEL_FILE, weights)
+        self._end_session("done", step)
         status = write_status(
             self.path,
             state="done",
@@ -286,6 +310,7 @@ class RunFolder:
     def failed(self, reason: str, *, step: int, wall_time: float, **notes: Any) -> dict[str, Any]:
         """Mark the run failed: for good when ``reason`` starts with "diverged" (its metrics in
         ``notes``), resumable from its last checkpoint when it starts with "crashed"."""
+        self._end_session("failed", step)
         return write_status(
             self.path,
             state="failed",
@@ -295,6 +320,36 @@ class RunFolder:
             wall_time=wall_time,
             **notes,
         )
+
+
+def is_held(run_dir: Path) -> bool:
+    """Whether a process holds the run folder now (:meth:`RunFolder.locked`): a run whose
+    status says running and that no process holds was cut off (killed, or its machine
+    gone)."""
+    path = Path(run_dir) / LOCK_FILE
+    if fcntl is None or not path.exists():
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing releases a lock this call took
+    return False
+
+
+def read_provenance(run_dir: Path) -> dict[str, Any] | None:
+    """The run's ``provenance.json``, None where it has none (a run trained before it was
+    recorded) or where it is damaged (it records, it does not decide anything)."""
+    try:
+        record = read_json(Path(run_dir) / PROVENANCE_FILE)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def load_run(

@@ -20,6 +20,7 @@ from mecheval.training.checkpoint import (
 )
 from mecheval.training.config import RunConfig, check_device
 from mecheval.training.folder import RunFolder, peek_status
+from mecheval.training.provenance import documents_fingerprint, fingerprint
 from mecheval.training.reporter import Reporter
 from mecheval.training.resolved import ResolvedRun
 from mecheval.training.threads import torch_threads
@@ -137,7 +138,7 @@ def _train(
                 datasets = _build_datasets(cfg, cache_dir)
             trainer = Trainer(cfg, datasets, folder.path, callbacks, reporter)
             notes.update(_check_checkpoint(trainer, folder.path, reached))
-            folder.running(**notes)
+            folder.running(*_fingerprints(datasets, trainer.model), **notes)
             results = trainer.run()
             return folder.done(
                 trainer.model.state_dict(),
@@ -166,6 +167,12 @@ def _train(
                 else time.perf_counter() - start,
             )
             raise
+
+
+def _fingerprints(datasets: Mapping[str, Any], model: Any) -> tuple[str, str]:
+    """The run's documents and its model's weights, as :func:`provenance.fingerprint` reads
+    them (the weights as initialised: a checkpoint is restored when training starts)."""
+    return documents_fingerprint(datasets), fingerprint(model.state_dict())
 
 
 def _build_datasets(cfg: RunConfig, cache_dir: Path | None) -> Mapping[str, Any]:

@@ -75,6 +75,7 @@ from typing import Any
 from mecheval.training.checkpoint import CorruptCheckpoint, checkpoint_step, has_checkpoint
 from mecheval.training.config import RunConfig, check_device
 from mecheval.training.folder import RunFolder
+from mecheval.training.provenance import documents_fingerprint, fingerprint
 from mecheval.training.reporter import ReporterFactory, null_reporter
 from mecheval.training.resolved import ResolvedRun
 from mecheval.training.run import crash_reason, train_run
@@ -159,9 +160,12 @@ def _stack(
 
 def _train_stack(group: GroupTrainer, folders: Sequence[RunFolder]) -> list[dict[str, Any]]:
     start = time.perf_counter()
-    for folder in folders:
+    documents = documents_fingerprint(group.members[0].datasets)
+    for folder, member in zip(folders, group.members, strict=True):
         folder.prepare()
-        folder.running()
+        # A resumed member holds its checkpoint's weights: its first session recorded its own.
+        initial = None if group.resumed else fingerprint(member.model.state_dict())
+        folder.running(documents, initial)
 
     def diverged(k: int) -> dict[str, Any]:
         member, err = group.members[k], group.failed[k]

@@ -70,37 +70,8 @@ class Curves:
         colours = dict(zip(self.measures, matplotlib.colormaps["tab10"].colors, strict=False))
         styles = dict(zip(self.measures, LINE_STYLES, strict=False))
         for ax, (task, arch, width) in zip(axes, panels, strict=False):
-            here = self._here(task, arch, width)
-            for measure in self.measures:
-                line = here[here["measure"] == measure].sort_values("step")
-                if line.empty:
-                    continue
-                dashes, marker = styles.get(measure, ("-", "o"))
-                # Equal curves stay visible: each measure its own dashes and hollow marker.
-                ax.plot(
-                    line["step"],
-                    line["mean"],
-                    linestyle=dashes,
-                    marker=marker,
-                    ms=3.5,
-                    mfc="none",
-                    lw=1.2,
-                    color=colours[measure],
-                    label=measure,
-                )
-                if line["ci"].notna().any():
-                    ax.fill_between(
-                        line["step"],
-                        line["lo"],
-                        line["hi"],
-                        alpha=0.2,
-                        color=colours[measure],
-                        lw=0,
-                    )
-            ax.set_ylim(0, 100)
+            self._draw_panel(ax, self._here(task, arch, width), colours, styles)
             ax.set_title(f"{task} {arch}, d={value_label(width)}", fontsize=7)
-            ax.tick_params(labelsize=6)
-            ax.set_xlabel("step", fontsize=6)
         for ax in axes[len(panels) :]:
             ax.set_visible(False)
         for ax in axes[::columns]:
@@ -112,6 +83,33 @@ class Curves:
             list(legend.values()), list(legend), loc="outside lower center", ncols=5, fontsize=6
         )
         return fig
+
+    def _draw_panel(self, ax: Any, here: pd.DataFrame, colours: dict, styles: dict) -> None:
+        """One panel: each measure against the step, with its seed interval where it has one;
+        each its own dashes and hollow marker, so that equal curves stay visible."""
+        for measure in self.measures:
+            line = here[here["measure"] == measure].sort_values("step")
+            if line.empty:
+                continue
+            dashes, marker = styles.get(measure, ("-", "o"))
+            ax.plot(
+                line["step"],
+                line["mean"],
+                linestyle=dashes,
+                marker=marker,
+                ms=3.5,
+                mfc="none",
+                lw=1.2,
+                color=colours[measure],
+                label=measure,
+            )
+            if line["ci"].notna().any():
+                ax.fill_between(
+                    line["step"], line["lo"], line["hi"], alpha=0.2, color=colours[measure], lw=0
+                )
+        ax.set_ylim(0, 100)
+        ax.tick_params(labelsize=6)
+        ax.set_xlabel("step", fontsize=6)
 
     def _markdown(self, name: str) -> str:
         lines = [f"## {name}: {self.title}", ""]

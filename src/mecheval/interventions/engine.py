@@ -236,18 +236,17 @@ def interchange(
     chunk = _chunk_rows(model, max_batch)
     per_example = []
     positions = _row_positions(original, corrupted, roles)
+    batch = _Rows(positions, original, corrupted, s_corr, chunk)
     for site in sites if roles else []:
         if site in state_sites:
             layer = state_site_layer(site)
-            args = (source, prefix, positions, original, corrupted, s_corr, chunk)
-            scores = _restore_states(model, layer, *args)
+            scores = _restore_states(model, layer, source, prefix, batch)
         else:
             start, first, direct = restarts[site]
             tail = not _in_last_block_tail(model, site)
             sp = _SitePatch(model, site, base, prefix, corrupted.tokens, start, first, tail)
             strategy = chunk_strategy(start, direct, resume)
-            args = (source[site], positions, original, corrupted, s_corr, chunk)
-            scores = _restore_site(sp, strategy, *args)
+            scores = _restore_site(sp, strategy, source[site], batch)
         _collect(site, scores, metrics, roles, n, s_orig, s_corr, rows, per_example)
     return assemble(rows, per_example)
 
@@ -288,27 +287,33 @@ def _clean_runs(
     return source, base, s_orig, s_corr
 
 
+@dataclass(frozen=True)
+class _Rows:
+    """The stacked batch of patched rows: each row's (document, source position, patched
+    position), the batches they come from, the corrupted run's scores (a row the patch cannot
+    change keeps its document's) and the most rows a chunk runs at once."""
+
+    positions: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    original: Batch
+    corrupted: Batch
+    s_corr: torch.Tensor
+    max_batch: int
+
+
 def _restore_site(
-    sp: _SitePatch,
-    strategy: ChunkStrategy,
-    source: torch.Tensor,
-    positions: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    original: Batch,
-    corrupted: Batch,
-    s_corr: torch.Tensor,
-    max_batch: int,
+    sp: _SitePatch, strategy: ChunkStrategy, source: torch.Tensor, batch: _Rows
 ) -> torch.Tensor:
     """Scores [metrics, rows] of a module site: each row's corrupted position takes the
     source run's ``source`` at the row's source position; chunks of rows run by ``strategy``."""
-    doc_of_row, src_pos, dst_pos = positions
+    doc_of_row, src_pos, dst_pos = batch.positions
     values = source[doc_of_row, src_pos]
     # Where the source equals what the corrupted run already has (e.g. every position but
     # the key before any mixing), the patched run *is* the corrupted run; so it is where the
     # patch cannot reach the query: a later position, or another position after the last
     # mixing step (what follows it is per position).
-    scores = s_corr[:, doc_of_row].clone()
+    scores = batch.s_corr[:, doc_of_row].clone()
     todo = (values != sp.base[sp.site][doc_of_row, dst_pos]).flatten(1).any(1)
-    query_of_row = corrupted.query[doc_of_row]
+    query_of_row = batch.corrupted.query[doc_of_row]
     if _past_last_mixer(sp.model, sp.site):
         reaches = dst_pos == query_of_row
     else:
@@ -317,11 +322,11 @@ def _restore_site(
     # In order of patch position: a chunk then holds few distinct positions, and the rows of
     # one position run as one batch.
     todo = todo[dst_pos[todo].argsort(stable=True)]
-    for lo in range(0, len(todo), max_batch):
-        rows = todo[lo : lo + max_batch]
+    for lo in range(0, len(todo), batch.max_batch):
+        rows = todo[lo : lo + batch.max_batch]
         docs = doc_of_row[rows]
-        logits = strategy(sp, docs, dst_pos[rows], values[rows], corrupted.query[docs])
-        scores[:, rows] = _score(logits, original, docs)
+        logits = strategy(sp, docs, dst_pos[rows], values[rows], batch.corrupted.query[docs])
+        scores[:, rows] = _score(logits, batch.original, docs)
     return scores
 
 
@@ -355,23 +360,19 @@ def _restore_states(
     layer: int,
     source: dict[str, torch.Tensor],
     prefix: PrefixCache,
-    positions: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    original: Batch,
-    corrupted: Batch,
-    s_corr: torch.Tensor,
-    max_batch: int,
+    batch: _Rows,
 ) -> torch.Tensor:
     """Scores [metrics, rows] of the state site of block ``layer``: in each row the mixer's
     state after the row's corrupted position is the source run's after its position; block
     ``layer`` resumes from there with that state (its output at the position reads it), the
     blocks after it from the position (:func:`run_from`)."""
-    doc_of_row, src_pos, dst_pos = positions
+    doc_of_row, src_pos, dst_pos = batch.positions
     block = model.layers[layer]
     mixer = block.mixer
     source_states = mixer.states_of(block.mixer_norm(source[layer_site(layer, "input")]))
     values = index_states(source_states, doc_of_row, src_pos)
-    at = corrupted.query[doc_of_row]
-    scores = s_corr[:, doc_of_row].clone()
+    at = batch.corrupted.query[doc_of_row]
+    scores = batch.s_corr[:, doc_of_row].clone()
     # Equal states (every position before the key) and states after the query change nothing.
     own_states = prefix.states[layer]
     if own_states is None:  # over the resuming budget; the state site needs them all the same
@@ -382,8 +383,8 @@ def _restore_states(
     todo = (~same & (dst_pos <= at)).nonzero()[:, 0]
     todo = todo[dst_pos[todo].argsort(stable=True)]
     halo = mixer.halo() or 0
-    for lo_row in range(0, len(todo), max_batch):
-        chunk = todo[lo_row : lo_row + max_batch]
+    for lo_row in range(0, len(todo), batch.max_batch):
+        chunk = todo[lo_row : lo_row + batch.max_batch]
         for start in dst_pos[chunk].unique().tolist():
             rows_ = chunk[dst_pos[chunk] == start]
             docs_ = doc_of_row[rows_]
@@ -391,7 +392,7 @@ def _restore_states(
             window = prefix.inputs[layer][docs_, lo:]
             x = block.forward_from(window, start - lo, index_states(values, rows_), replace=True)
             logits = run_from(model, prefix, layer + 1, docs_, start, x, at[rows_])
-            scores[:, rows_] = _score(logits, original, docs_)
+            scores[:, rows_] = _score(logits, batch.original, docs_)
     return scores
 
 

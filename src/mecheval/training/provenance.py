@@ -30,11 +30,12 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mecheval.training.config import RunConfig
+if TYPE_CHECKING:  # annotations only: provenance reads a config, it needs none of its code
+    from mecheval.training.config import RunConfig
 
 #: Environment variables that choose a training kernel (models/native.py, models/ops/).
 KERNEL_VARIABLES = ("MECHEVAL_NATIVE", "MECHEVAL_TRITON")

@@ -96,6 +96,19 @@ def test_two_pieces_read_as_the_whole_grid(grid, tmp_path, monkeypatch, capsys) 
     assert "Runs: 4 (0 failed)" in out
 
 
+def test_the_mechanism_table_names_the_device_where_runs_differ(grid, tmp_path) -> None:
+    from mecheval.experiments.reproduce import mechanisms_markdown
+
+    (folder,) = pieces(grid, tmp_path, "a", "a", "a", "a")
+    assert "ran on" not in mechanisms_markdown(folder)  # one machine: nothing to say
+    runs = sorted(p for p in folder.iterdir() if p.is_dir())
+    set_host(runs[-1], "NVIDIA H200")
+    table = mechanisms_markdown(folder)
+    assert "ran on" in table
+    (line,) = [row for row in table.splitlines() if runs[-1].name in row]
+    assert "NVIDIA H200" in line
+
+
 def test_two_configs_under_one_run_name_are_refused(grid, tmp_path, monkeypatch, capsys) -> None:
     a, b = pieces(grid, tmp_path, "a", "a", "b", "b")
     clash = b / sorted(p.name for p in a.iterdir())[0]

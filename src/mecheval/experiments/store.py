@@ -319,7 +319,8 @@ def mechanism_summary(experiment_dir: str | Path) -> pd.DataFrame:
     was read from (``mechanism.json``, likelihood in %), the in-context accuracy and the
     chance level of a guess among the in-context candidates on the same documents (in %;
     empty for a mechanism.json written before they existed), with the label. ``seed`` is
-    the run's training seed (:func:`seed_agreement` reads it; the printed table leaves it out)."""
+    the run's training seed (:func:`seed_agreement` reads it; the printed table leaves it out).
+    Where the runs trained on more than one device, ``ran on`` names each run's."""
     rows = []
     for run_dir in run_dirs(Path(experiment_dir)):
         config = read_config_data(run_dir)
@@ -348,8 +349,12 @@ def mechanism_summary(experiment_dir: str | Path) -> pd.DataFrame:
                 value = label.get(key)
                 row[column] = None if value is None else round(100 * value, 1)
             row["mechanism"] = label["label"]
+        row["ran on"] = _origin(run_dir)[0]
         rows.append(row)
-    return pd.DataFrame(rows)
+    summary = pd.DataFrame(rows)
+    if summary.empty or summary["ran on"].nunique() <= 1:
+        return summary.drop(columns="ran on", errors="ignore")
+    return summary
 
 
 def seed_agreement(summary: pd.DataFrame) -> pd.DataFrame:

@@ -30,8 +30,7 @@ def where_runs_ran(df: pd.DataFrame) -> str:
         names = sorted(runs["run"])
         shown = ", ".join(f"`{n}`" for n in names[:NAMES_SHOWN])
         more = f" and {len(names) - NAMES_SHOWN} more" if len(names) > NAMES_SHOWN else ""
-        values = key if isinstance(key, tuple) else (key,)
-        body.append([*(v or "—" for v in values), str(len(names)), shown + more])
+        body.append([*(v or "—" for v in key), str(len(names)), shown + more])
     header = [c.replace("_", " ") for c in columns]
     lines = [
         "## Where the runs ran",

@@ -6,8 +6,9 @@ TORCH_VERSION ?= 2.13.0
 
 .PHONY: setup quick test lint mutants clean
 
-# Two stamps: the quick run needs mecheval alone; the tests also need the dev and ray extras
-# (scipy, pytest, ruff, Ray), which would add a good part of the install to `make quick`.
+# Two stamps: the quick run needs mecheval alone; the tests also need the dev, ray and
+# tensorboard extras (scipy, pytest, ruff, Ray, TensorBoard's reader), which would add a good
+# part of the install to `make quick`.
 $(BIN)/mecheval: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
@@ -16,7 +17,7 @@ $(BIN)/mecheval: pyproject.toml
 	touch $@
 
 $(VENV)/.extras: $(BIN)/mecheval
-	$(BIN)/pip install -q -e '.[dev,ray]'
+	$(BIN)/pip install -q -e '.[dev,ray,tensorboard]'
 	touch $@
 
 setup: $(VENV)/.extras

@@ -408,7 +408,7 @@ def test_runs_are_grouped_by_shape_and_capped(tmp_path) -> None:
         plan=None,
         retry_failed=False,
         cache_dir=None,
-        check_devices=False,  # planned here, trained on a machine with a GPU
+        check_machine=False,  # planned here, trained on a machine with a GPU
     )
     assert auto_group_size(gpu) == GPU_GROUP_SIZE > 1
     with pytest.raises(ConfigError, match="--group-size"):

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from mecheval.errors import ConfigError
 from mecheval.experiments.mechanisms import InterventionPlan, eval_batch, intervene_run
 from mecheval.tasks import ARConfig, ATRConfig, build_datasets
 from mecheval.training.config import config_from_data
@@ -45,11 +46,39 @@ def test_key_dependent_documents_leave_out_exactly_the_root_head_answers() -> No
     assert torch.equal(first.answer, dependent.answer[:10])
 
 
-def test_ar_documents_all_need_their_key() -> None:
+def test_ar_documents_all_need_their_key_so_asking_for_them_is_one_clear_line() -> None:
     cfg = ARConfig(n_keys=8, n_values=8, n_pairs=2, n_train=0, n_dev=20, n_test=20)
-    a, _ = eval_batch(cfg, "dev", None)
-    b, _ = eval_batch(cfg, "dev", None, documents="key-dependent")
-    assert torch.equal(a.tokens, b.tokens)
+    assert not cfg.has_key_free_documents and ATR.has_key_free_documents
+    with pytest.raises(ConfigError, match="every document of the ar task needs its key"):
+        eval_batch(cfg, "dev", None, documents="key-dependent")
+    InterventionPlan(documents="key-dependent").check_tasks([ATR, ATR_LEFT])  # no error
+    with pytest.raises(ConfigError, match="--documents key-dependent"):
+        InterventionPlan(documents="key-dependent").check_tasks([ATR, cfg])
+    InterventionPlan().check_tasks([cfg])  # all documents: nothing to check
+
+
+def test_key_dependent_on_ar_writes_nothing(tmp_path, monkeypatch, capsys) -> None:
+    from small_runs import config, run_cli
+
+    run_dir = tmp_path / "r"
+    assert train(config(), run_dir)["state"] == "done"
+    before = sorted(p.name for p in run_dir.iterdir())
+    code, out, err = run_cli(
+        monkeypatch, capsys, "intervene", str(run_dir), "--documents", "key-dependent"
+    )
+    assert code == 2 and out == ""
+    assert err.strip() == (
+        "error: --documents key-dependent: every document of the ar task needs its key "
+        "(none can be answered without it); use --documents all"
+    )
+    assert sorted(p.name for p in run_dir.iterdir()) == before
+    out_dir = tmp_path / "runs"
+    code, _, err = run_cli(
+        monkeypatch, capsys, "reproduce", "ar", "--preset", "tiny", "--out", str(out_dir),
+        "--documents", "key-dependent", "-q",
+    )  # fmt: skip
+    assert code == 2 and "every document of the ar task needs its key" in err
+    assert not out_dir.exists()
 
 
 def test_intervene_run_records_its_documents_and_remeasures_when_they_change(tmp_path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import html
 import math
 import re
 from pathlib import Path
@@ -545,6 +546,9 @@ def test_write_figure_and_html(main_table, tmp_path):
     assert not re.search(r"""(src|href)=["'](?!data:|#)""", page)
     assert "<table>" in page and "92.0 ± 5.0" in page
     assert "Figures without data" in page
+    assert page.index("<h2>Contents</h2>") < page.index('<section id="ar-restore">')
+    caption = html.escape(result.caption)
+    assert result.caption.startswith("Where restoring one role") and caption in page
 
 
 def test_a_figure_written_and_inlined_is_encoded_once_per_format(main_table, tmp_path):

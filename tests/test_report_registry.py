@@ -48,7 +48,7 @@ def test_every_experiment_figure_is_registered():
 
 def test_a_name_is_registered_once():
     with pytest.raises(ValueError, match="'ar-restore' is registered twice"):
-        registry.figure("ar-restore")(lambda df: None)
+        registry.figure("ar-restore", "again")(lambda df: None)
 
 
 TABLE = pd.DataFrame(
@@ -70,17 +70,18 @@ TABLE = pd.DataFrame(
 def test_one_decorated_function_makes_a_figure(monkeypatch):
     monkeypatch.setattr(registry, "FIGURES", {})
 
-    @registry.figure("accuracy")
+    @registry.figure("accuracy", "Which architecture is most accurate.")
     def accuracy(df: pd.DataFrame) -> Heatmaps:
         """Accuracy per architecture."""
         return Heatmaps("accuracy", [by_arch([(df, [behaviour("Accuracy")])])], df)
 
-    @registry.figure("nothing")
+    @registry.figure("nothing", "Nothing.")
     def nothing(df: pd.DataFrame) -> Heatmaps:
         raise NoData("no such runs in this results table")
 
     result = registry.FIGURES["accuracy"](TABLE)
     assert isinstance(result, FigureResult) and result.name == "accuracy"
+    assert result.caption == "Which architecture is most accurate."
     assert result.markdown.startswith("## accuracy: accuracy\n")
     assert "| Attention | 50.0 |" in result.markdown
     assert registry.FIGURES["accuracy"].__doc__ == "Accuracy per architecture."

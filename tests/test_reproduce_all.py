@@ -70,6 +70,14 @@ def assert_report_is_what_was_printed(report_dir: Path, output: str) -> list[str
     saved = [p.stem for p in report_dir.glob("*.png")]
     in_page = re.findall(r'<section id="([^"]+)"', page)
     assert sorted(in_page) == sorted(printed) == sorted(saved)
+    # The page opens with a contents list, and every figure has its one-line caption.
+    contents = re.findall(r'<li><a href="#([^"]+)">', page)
+    assert contents == in_page
+    captions = re.findall(
+        r'<section id="[^"]+">\s*<h2>[^<]+</h2>\s*<img [^>]+>\s*<p class="caption">([^<]+)</p>',
+        page,
+    )
+    assert len(captions) == len(in_page) and all(len(c) > 40 for c in captions)
     # The figures it could not make: the experiment's own, as printed, not every other one.
     not_made = re.findall(r"^\(figure ([\w-]+) not made", output, flags=re.MULTILINE)
     assert re.findall(r"<li><code>([\w-]+)</code>: ", page) == not_made

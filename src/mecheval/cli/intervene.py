@@ -67,6 +67,7 @@ def intervene_command(
     from mecheval.experiments.mechanisms import InterventionPlan, intervene_run
     from mecheval.training.config import check_device
     from mecheval.training.folder import load_run
+    from mecheval.training.reporter import print_warning
 
     _check_options(split, metric, method, steps, n_docs)
     check_documents(documents)
@@ -82,8 +83,14 @@ def intervene_command(
         methods=() if method == "exact" else (method,),
         steps=steps,
     )
+    plan.check_tasks([cfg.task])
     measured = intervene_run(run_dir, plan, loaded=(cfg, model))
     assert measured is not None  # skip_existing is off
+    if measured.unfinished:
+        print_warning(
+            f"{run_dir}: {measured.unfinished}; its weights are not its final ones, and "
+            "its label is marked as read from an unfinished run"
+        )
     if measured.graded:
         _print_estimate(run_dir, measured.graded[0], measured.n_docs, split, documents)
     else:
@@ -145,7 +152,9 @@ def _print_exact(run_dir: Path, measured, metric: str, split: str, documents: st
         binding = measured.label.binding_line()
         if binding:
             typer.echo(f"\noriginal documents: {binding}")
-        typer.echo(f"\nmechanism: {measured.label}")
+        unfinished = measured.unfinished
+        mark = f" (read from an unfinished run: {unfinished})" if unfinished else ""
+        typer.echo(f"\nmechanism: {measured.label}{mark}")
     typer.echo(f"wrote {run_dir / INTERVENTIONS_FILE}")
 
 

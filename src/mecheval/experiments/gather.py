@@ -25,9 +25,8 @@ from mecheval.experiments.store import (
     flatten,
     read_config_data,
     results_table,
-    run_status,
 )
-from mecheval.training.folder import RUNTIME_FIELDS, is_finished
+from mecheval.training.folder import RUNTIME_FIELDS, is_finished, run_status
 
 
 def folder_runs(folders: Sequence[str | Path]) -> list[Path]:

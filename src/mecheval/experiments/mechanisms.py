@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -57,6 +57,7 @@ from mecheval.training.folder import (
     GRADES_FILE,
     INTERVENTIONS_FILE,
     MECHANISM_FILE,
+    unfinished,
 )
 from mecheval.training.resolved import ResolvedRun
 
@@ -83,6 +84,18 @@ class InterventionPlan:
     methods: tuple[str, ...] = ()
     steps: int = DEFAULT_STEPS
 
+    def check_tasks(self, tasks: Iterable[Any]) -> None:
+        """ConfigError in one line where the plan asks for key-dependent documents of a task
+        whose documents all need their key (AR): the choice would change nothing."""
+        if self.documents != "key-dependent":
+            return
+        for task in tasks:
+            if not task.has_key_free_documents:
+                raise ConfigError(
+                    f"--documents key-dependent: every document of the {task.kind} task "
+                    "needs its key (none can be answered without it); use --documents all"
+                )
+
 
 def eval_batch(
     task: Any,
@@ -105,6 +118,8 @@ def eval_batch(
     dataset = datasets[split]
     chosen = torch.arange(len(dataset))
     key_free = task.key_free(dataset.batch(chosen)) if documents == "key-dependent" else None
+    if documents == "key-dependent" and key_free is None:
+        InterventionPlan(documents="key-dependent").check_tasks([task])
     if key_free is not None:
         chosen = chosen[~key_free]
         if not len(chosen):
@@ -232,6 +247,9 @@ class RunMechanism:
     n_docs: int  # the documents measured (after InterventionPlan.documents' choice)
     label_sites: tuple[str, ...]  # where a label can be read, in the order they are tried
     graded: tuple[Graded, ...] = ()  # the plan's estimators (InterventionPlan.methods)
+    #: None for a done run; otherwise what the run is (folder.unfinished): its weights are
+    #: not its final ones, and mechanism.json says so (``unfinished_run``).
+    unfinished: str | None = None
 
 
 def intervene_run(
@@ -268,6 +286,7 @@ def intervene_run(
         # The task reads recurrent states too: every module site and every state site.
         plan = replace(plan, sites=(*site_names(model), *state_site_names(model)))
     step = int((read_status(run_dir) or {}).get("step", 0))
+    not_done = unfinished(run_dir)
     pair = eval_batch(cfg.task, plan.split, plan.n_docs, cache_dir, plan.documents)
     started = time.perf_counter()
     rows, result = measure(model, plan, step, pair)
@@ -280,9 +299,9 @@ def intervene_run(
         graded = tuple(grade_methods(model, plan, step, pair, (result, label, seconds), read_label))
         _write_grades(run_dir, graded)
     if label is not None:
-        _write_mechanism(run_dir, label, candidates, plan.documents, len(pair[0]))
+        _write_mechanism(run_dir, label, candidates, plan.documents, len(pair[0]), not_done)
     atomic_write_text(target, rows.to_csv(index=False))
-    return RunMechanism(result, rows, label, len(pair[0]), where, graded)
+    return RunMechanism(result, rows, label, len(pair[0]), where, graded, not_done)
 
 
 def _label_reader(
@@ -311,8 +330,10 @@ def _write_mechanism(
     candidates: torch.Tensor | None,
     documents: str,
     n_docs: int,
+    not_done: str | None = None,
 ) -> None:
-    """mechanism.json: the label with its restores, range and the documents it was read on."""
+    """mechanism.json: the label with its restores, range and the documents it was read on
+    (and, read from a run that is not done, what the run was: ``unfinished_run``)."""
     record = {
         **asdict(label),
         "range": label.range,
@@ -322,6 +343,8 @@ def _write_mechanism(
         "documents": documents,
         "n_docs": n_docs,
     }
+    if not_done is not None:
+        record["unfinished_run"] = not_done
     atomic_write_text(run_dir / MECHANISM_FILE, json.dumps(record, indent=2) + "\n")
 
 
@@ -361,15 +384,24 @@ class EmergenceCallback:
         )
         self._pair: tuple[Batch, Batch] | None = None  # built at the first evaluation
 
-    def __call__(self, step: int, model: LanguageModel, run_dir: Path) -> None:
+    def __call__(self, step: int, model: LanguageModel, run_dir: Path) -> dict[str, float]:
+        """Measure at ``step``, append to ``emergence.csv``, and return the likelihoods for
+        the run's trackers: ``emergence/original``, ``emergence/corrupted`` and
+        ``emergence/restore_<role>``."""
         if self._pair is None:
             self._pair = eval_batch(
                 self.task, self.plan.split, self.plan.n_docs, self.cache_dir, self.plan.documents
             )
         rows, _ = measure(model, self.plan, step, self._pair)
+        likelihoods = rows[rows["metric"] == "likelihood"]
+        logged = {
+            f"emergence/{'restore_' + row.role if row.role else row.condition}": float(row.value)
+            for row in likelihoods.itertuples()
+        }
         path = Path(run_dir) / EMERGENCE_FILE
         if path.exists():
             previous = pd.read_csv(path, keep_default_na=False)
             # A resumed run re-evaluates from its checkpoint: drop what it will write again.
             rows = pd.concat([previous[previous["step"] < step], rows], ignore_index=True)
         atomic_write_text(path, rows.to_csv(index=False))
+        return logged

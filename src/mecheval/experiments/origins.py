@@ -14,8 +14,7 @@ from typing import Any
 import pandas as pd
 
 from mecheval.experiments.gather import folder_runs
-from mecheval.experiments.store import run_status
-from mecheval.training.folder import read_provenance
+from mecheval.training.folder import read_provenance, run_status
 
 #: A session's fields that say on what, and with what, it ran (``changed`` compares them).
 SESSION_FIELDS = (

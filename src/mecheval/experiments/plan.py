@@ -27,7 +27,7 @@ from typing import Any
 
 from mecheval.errors import ConfigError, validate
 from mecheval.experiments.grid import TASK_AXIS, RunSpec, SweepSpec, expand, name_part
-from mecheval.training.config import RunConfig, check_device, check_model, resolve, set_field
+from mecheval.training.config import RunConfig, check_model, resolve, set_field
 from mecheval.training.folder import RUNTIME_FIELDS, RunFolder, finished_as
 from mecheval.training.presets import preset
 from mecheval.training.resolved import ResolvedRun
@@ -104,7 +104,7 @@ def with_overrides(spec: SweepSpec, values: Mapping[str, Any]) -> SweepSpec:
     """``spec`` with the command line's dotted ``values`` over every run (source 3, winning
     over the spec's per-architecture values too). Values that change what the runs compute
     name the sweep after them (``conv-switch-quick-L1``), so its runs never mix with the
-    experiment's own; runtime fields (device, threads, compile, kernels) keep its folder."""
+    experiment's own; runtime fields (device, threads, compile, kernels, log) keep its folder."""
     if not values:
         return spec
     varied = sorted(key for key in values if key in spec.grid)
@@ -128,10 +128,11 @@ def with_overrides(spec: SweepSpec, values: Mapping[str, Any]) -> SweepSpec:
     )
 
 
-def check_planned_devices(planned: Sequence[ResolvedRun]) -> None:
-    """Every planned run's device is on this machine (one ``error:`` line if not)."""
-    for device in sorted({run.device for run in planned}):
-        check_device(device)
+def check_this_machine(planned: Sequence[ResolvedRun]) -> None:
+    """Every planned run's device and trackers are on this machine (one ``error:`` line if
+    not)."""
+    for run in planned:
+        run.check_machine()
 
 
 def check_run_folders(planned: Sequence[ResolvedRun]) -> None:

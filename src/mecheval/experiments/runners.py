@@ -22,7 +22,7 @@ from mecheval.experiments.execution.pool import run_local
 from mecheval.experiments.execution.scheduling import auto_group_size
 from mecheval.experiments.grid import SweepSpec
 from mecheval.experiments.mechanisms import InterventionPlan
-from mecheval.experiments.plan import check_planned_devices, check_run_folders, plan_runs
+from mecheval.experiments.plan import check_run_folders, check_this_machine, plan_runs
 from mecheval.models.registry import plugin_paths
 from mecheval.training.folder import STATUS_FILE, peek_status
 from mecheval.training.resolved import ResolvedRun
@@ -40,10 +40,10 @@ def prepare(run_dir: Path, retry_failed: bool) -> None:
 def plan_sweep(spec: SweepSpec, out_dir: Path, backend: str = "local") -> list[ResolvedRun]:
     """The sweep's runs, planned into ``out_dir`` (datasets cached in ``out_dir/.cache``) and
     checked before anything is written: their folders, and where they train here (the local
-    backend; a Ray cluster's devices are its workers') their devices."""
+    backend; a Ray cluster's devices are its workers') their devices and trackers."""
     planned = plan_runs(spec, out_dir, Path(out_dir) / ".cache")
     if backend == "local":
-        check_planned_devices(planned)
+        check_this_machine(planned)
     check_run_folders(planned)
     return planned
 
@@ -66,19 +66,21 @@ def make_jobs(
     plan: InterventionPlan | None,
     retry_failed: bool,
     cache_dir: Path | None,
-    check_devices: bool = True,
+    check_machine: bool = True,
     planned: Sequence[ResolvedRun] | None = None,
 ) -> list[Job]:
     """One job per planned run (``planned``: :func:`~mecheval.experiments.plan.plan_runs` of
     ``spec``, when the caller has it already, with its folders checked); with
-    ``check_devices``, every run's device must be on this machine (checked before any run
-    folder is touched)."""
+    ``check_machine``, every run's device and trackers must be on this machine (checked before
+    any run folder is touched)."""
     threads = max(1, usable_cores() // max(1, workers))
     if planned is None:
         planned = plan_runs(spec, out_dir, cache_dir)
         check_run_folders(planned)  # a caller that planned them checked them
-    if check_devices:
-        check_planned_devices(planned)
+    if check_machine:
+        check_this_machine(planned)
+    if plan is not None:
+        plan.check_tasks(run.cfg.task for run in planned)
     jobs = []
     for run in planned:
         prepare(run.run_dir, retry_failed)

@@ -52,14 +52,9 @@ from mecheval.training.folder import (
     INTERVENTIONS_FILE,
     MECHANISM_FILE,
     METRICS_FILE,
-    STATUS_FILE,
-    is_held,
     read_provenance,
-    read_status,
+    run_status,
 )
-
-#: The state of a run whose status says running while no process trains it.
-CUT_OFF = "cut off"
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -74,19 +69,6 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[path] = value
     return flat
-
-
-def run_status(run_dir: Path) -> dict[str, Any]:
-    """The run's status, "pending" before it started and "cut off" where it says running
-    but no process holds its folder; never raises on a bad file."""
-    try:
-        status = read_status(run_dir) or {"state": "pending"}
-    except DamagedFile:
-        # Writes are atomic, so a broken file means someone else wrote it: say so, don't guess.
-        return {"state": "unreadable", "reason": f"{run_dir / STATUS_FILE}: not valid JSON"}
-    if status.get("state") == "running" and not is_held(run_dir):
-        return {**status, "state": CUT_OFF}
-    return status
 
 
 def read_table(path: Path, required: Sequence[str], **options: Any) -> pd.DataFrame:

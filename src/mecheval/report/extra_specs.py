@@ -32,7 +32,12 @@ from mecheval.report.tables import (
 # ---------------------------------------------------------------------------- training
 
 
-@figure("emergence")
+@figure(
+    "emergence",
+    "When the mechanism forms during training: the restore that rises to the original "
+    "curve is the mechanism's role; markers tell apart lines that coincide (equal "
+    "values are drawn on top of each other).",
+)
 def emergence(df: pd.DataFrame) -> Curves:
     """Mechanistic metrics over training: original, corrupted and restored likelihood @ key,
     value, query at layers.{last}.input against the step, per task x architecture (rows) and
@@ -72,13 +77,21 @@ def emergence(df: pd.DataFrame) -> Curves:
 
 
 # ---------------------------------------------------------------------------- task family
-@figure("noisy-ar-restore")
+@figure(
+    "noisy-ar-restore",
+    "As ar-restore on noisy AR: which role's restore brings the answer back despite the "
+    "noise tokens.",
+)
 def noisy_ar_restore(df: pd.DataFrame) -> Heatmaps:
     """Noisy AR: as Fig. 3, restored @ key, value, query."""
     return restore_heatmaps(df, "noisy_ar", "Noisy AR")
 
 
-@figure("overwrite-ar-restore")
+@figure(
+    "overwrite-ar-restore",
+    "As ar-restore on overwrite AR: whether the answer comes from the latest occurrence "
+    "(@ key, value) or the overwritten one (@ stale key, stale value).",
+)
 def overwrite_ar_restore(df: pd.DataFrame) -> Heatmaps:
     """Overwrite AR: as Fig. 3, restored @ key, value, query (the latest
     occurrence) and @ stale key, stale value (the overwritten one)."""
@@ -86,13 +99,20 @@ def overwrite_ar_restore(df: pd.DataFrame) -> Heatmaps:
     return restore_heatmaps(df, "overwrite_ar", "Overwrite AR", roles)
 
 
-@figure("mqar-restore")
+@figure(
+    "mqar-restore",
+    "As ar-restore on MQAR, one probe per query: which role's restore brings each answer back.",
+)
 def mqar_restore(df: pd.DataFrame) -> Heatmaps:
     """MQAR: as Fig. 3, one probe per query, restored @ key, value, query."""
     return restore_heatmaps(df, "mqar", "MQAR")
 
 
-@figure("compositional-mqar-restore")
+@figure(
+    "compositional-mqar-restore",
+    "Where a two-token key is composed: a restore at the second key token but not the "
+    "first means the model binds the key only once both tokens are read.",
+)
 def compositional_mqar_restore(df: pd.DataFrame) -> Heatmaps:
     """Compositional MQAR: restored @ each key token, the value and each query
     token, to show where the two-token key is composed."""
@@ -100,7 +120,12 @@ def compositional_mqar_restore(df: pd.DataFrame) -> Heatmaps:
     return restore_heatmaps(df, "compositional_mqar", "Compositional MQAR", roles)
 
 
-@figure("reverse-ar-restore")
+@figure(
+    "reverse-ar-restore",
+    "How reverse AR is solved: a restore @ value (before its key, where a causal model "
+    "cannot have read the key) near original means the model stores it there; @ after "
+    "key or @ query means it retrieves later.",
+)
 def reverse_ar_restore(df: pd.DataFrame) -> Heatmaps:
     """Reverse AR: restored @ value (before its key: a causal model cannot have moved the
     key there), key, the token after the key, query."""
@@ -108,7 +133,12 @@ def reverse_ar_restore(df: pd.DataFrame) -> Heatmaps:
     return restore_heatmaps(df, "reverse_ar", "Reverse AR", roles)
 
 
-@figure("stacked-mqar-restore")
+@figure(
+    "stacked-mqar-restore",
+    "The protocol's control (key and value in one token, nothing to shift): the restore "
+    "@ key should carry the answer for induction-like models, @ query for direct "
+    "retrieval.",
+)
 def stacked_mqar_restore(df: pd.DataFrame) -> Heatmaps:
     """Stacked MQAR, the protocol's control: restored @ key (the key and its value's one
     position), the position after it, query."""
@@ -117,7 +147,11 @@ def stacked_mqar_restore(df: pd.DataFrame) -> Heatmaps:
 
 
 # ---------------------------------------------------------------------------- state size
-@figure("state-size")
+@figure(
+    "state-size",
+    "Accuracy against the floats each model carries per sequence: which architectures "
+    "recall more with less state (zoology's Pareto view).",
+)
 def state_size(df: pd.DataFrame) -> StateScatter:
     """Zoology's accuracy against state size: each finished run's final test
     accuracy against the floats its model carries per sequence (results column state_size),

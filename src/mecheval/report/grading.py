@@ -15,6 +15,11 @@ from mecheval.models.registry import architecture_label, architecture_rank
 from mecheval.report.render import FigureResult, md_table
 
 NAME = "attribution-grading"
+CAPTION = (
+    "Whether a gradient estimate can stand in for exact interchange: per run, its Pearson r "
+    "with the exact restores and its top-k recall of the cells that matter (1 is as exact), "
+    "and beside them whether the label it gives is the exact one."
+)
 
 
 def _number(value: object, digits: int = 2) -> str:
@@ -152,4 +157,4 @@ def grading_figure(records: pd.DataFrame) -> Figure:
 
 def render_grading(records: pd.DataFrame) -> FigureResult:
     records = ordered(records)
-    return FigureResult(NAME, grading_markdown(records), grading_figure(records), records)
+    return FigureResult(NAME, grading_markdown(records), grading_figure(records), records, CAPTION)

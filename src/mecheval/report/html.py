@@ -105,6 +105,7 @@ th:first-child, td:first-child { text-align: left; }
 img { max-width: 100%; }
 section { border-top: 2px solid #444; margin-top: 2em; }
 details { margin-bottom: 1em; }
+.caption { font-style: italic; max-width: 60em; }
 """
 
 
@@ -123,13 +124,17 @@ def render_html(
         f"<h1>{html.escape(title)}</h1>",
     ]
     if results:
-        links = "".join(f'<li><a href="#{r.name}">{html.escape(r.name)}</a></li>' for r in results)
-        parts.append(f"<ul>{links}</ul>")
+        links = "".join(
+            f'<li><a href="#{html.escape(r.name)}">{html.escape(r.name)}</a></li>' for r in results
+        )
+        parts.append(f"<h2>Contents</h2><ul>{links}</ul>")
     for result in results:
         png = base64.b64encode(figure_bytes(result, "png")).decode("ascii")
         parts += [
             f'<section id="{html.escape(result.name)}">',
+            f"<h2>{html.escape(result.name)}</h2>",
             f'<img alt="{html.escape(result.name)}" src="data:image/png;base64,{png}">',
+            f'<p class="caption">{html.escape(result.caption)}</p>' if result.caption else "",
             f"<details open><summary>tables</summary>{markdown_to_html(result.markdown)}</details>",
             "</section>",
         ]

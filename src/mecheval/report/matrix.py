@@ -39,6 +39,12 @@ class Columns:
     split: str = "test split"
     #: a second table: each cell's dev and test accuracy (trained and longer documents)
     accuracies: bool = False
+    #: one line under the figure: what to read from it
+    caption: str = (
+        "Which mechanism each architecture uses for each column: the cell's colour is its "
+        "label (read from the best run by dev accuracy), its number that run's accuracy; a "
+        "column whose colours change along a row is a setting that changes the mechanism."
+    )
 
 
 def _task_order(kind: Any) -> int:
@@ -88,6 +94,11 @@ EIGENVALUE_COLUMNS = Columns(
     derive=_eigenvalue_setting,
     split="dev split: the trained lengths",
     accuracies=True,
+    caption=(
+        "Which architectures track state, and how: each cell's colour is the label read on "
+        "the trained lengths, its number the accuracy; the second table's test accuracy on "
+        "longer documents tells a learned rule from a memorised length."
+    ),
 )
 #: The matrices an experiment can ask for (``Experiment.matrix``).
 MATRICES = {"task": TASK_COLUMNS, "short conv": CONV_COLUMNS, "eigenvalues": EIGENVALUE_COLUMNS}
@@ -267,4 +278,5 @@ def render_matrix(records: pd.DataFrame, columns: Columns = TASK_COLUMNS) -> Fig
         markdown=matrix_markdown(best, columns),
         figure=matrix_figure(best, columns),
         data=best,
+        caption=columns.caption,
     )

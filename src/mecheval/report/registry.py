@@ -1,4 +1,4 @@
-"""The figures by name. A spec registers itself once with ``@figure(name)``.
+"""The figures by name. A spec registers itself once with ``@figure(name, caption)``.
 
 A spec takes the prepared results table (:func:`~mecheval.report.select.prepare`) and returns
 a layout, or raises :class:`~mecheval.report.select.NoData`; ``FIGURES[name](df)`` does the
@@ -24,8 +24,9 @@ Spec = Callable[[pd.DataFrame], Layout]
 FIGURES: dict[str, Callable[[pd.DataFrame], FigureResult]] = {}
 
 
-def figure(name: str) -> Callable[[Spec], Spec]:
-    """Register ``spec`` as the figure ``name``: the one place a figure's name is written."""
+def figure(name: str, caption: str) -> Callable[[Spec], Spec]:
+    """Register ``spec`` as the figure ``name``, shown with ``caption`` (one line: what to
+    read from it): the one place a figure's name is written."""
 
     def register(spec: Spec) -> Spec:
         if name in FIGURES:
@@ -38,7 +39,9 @@ def figure(name: str) -> Callable[[Spec], Spec]:
             except NoData as err:
                 # One line that says which figure, e.g. for the report's "without data" list.
                 raise ConfigError(f"figure {name}: {err}") from None
-            return layout.render(name)
+            result = layout.render(name)
+            result.caption = caption
+            return result
 
         FIGURES[name] = make
         return spec

@@ -34,6 +34,8 @@ class FigureResult:
     markdown: str
     figure: Figure
     data: pd.DataFrame
+    #: one line under the figure in the HTML report: what to read from it
+    caption: str = ""
     #: the figure already encoded, by (format, dpi): a report writes its PNG to a file and
     #: into the HTML page, and encoding it is most of the time a report takes.
     encoded: dict[tuple[str, int], bytes] = field(default_factory=dict, repr=False, compare=False)

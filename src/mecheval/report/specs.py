@@ -91,7 +91,13 @@ def restore_heatmaps(
     return Heatmaps(title, [by_arch([(rel, restore_measures(roles=roles))])], rel)
 
 
-@figure("ar-restore")
+@figure(
+    "ar-restore",
+    "Where restoring one role at the last layer's input brings the answer back: high @ "
+    "value means induction (the answer stored at the value), high @ query means direct "
+    "retrieval; compare each restore with original (the ceiling) and corrupted (the "
+    "floor).",
+)
 def ar_restore(df: pd.DataFrame) -> Heatmaps:
     """Fig. 3: AR, original / corrupted key / restored at layers.{last}.input @ key, value,
     query; architecture x d_model; LR-tuned."""
@@ -132,7 +138,12 @@ def _based_key(label: Any) -> tuple[int, float]:
     return (1, float(text.split("=")[1])) if "=" in text else (0, 0.0)
 
 
-@figure("conv-ablation")
+@figure(
+    "conv-ablation",
+    "How the short convolution's size changes Mamba's accuracy and which role's restore "
+    "brings the answer back (a), and whether Based needs its short conv or its implicit "
+    "long conv (b).",
+)
 def conv_ablation(df: pd.DataFrame) -> Heatmaps:
     """Fig. 4: (a) AR Mamba by ``model.mixer.d_conv`` (none, 1..4) x d_model: accuracy and
     original / corrupted / restored @ key, value, query at layers.{last}.input; (b) AR Based
@@ -179,7 +190,12 @@ def conv_ablation(df: pd.DataFrame) -> Heatmaps:
     return Heatmaps(title, sections, pd.concat(used_parts))
 
 
-@figure("mamba-conv-sites")
+@figure(
+    "mamba-conv-sites",
+    "Whether Mamba's short convolutions carry the answer: a restore at a conv output "
+    "near original means the conv moves what the answer needs, near corrupted that it "
+    "does not; every LR, no tuning.",
+)
 def mamba_conv_sites(df: pd.DataFrame) -> Heatmaps:
     """Fig. 5: AR Mamba, every LR x d_model (no tuning): original, corrupted, restored at
     layers.0.mixer.conv.output @ value and @ next_key, and layers.1.mixer.conv.output @ value."""
@@ -203,13 +219,20 @@ def mamba_conv_sites(df: pd.DataFrame) -> Heatmaps:
     )
 
 
-@figure("atr-restore")
+@figure(
+    "atr-restore",
+    "As ar-restore on ATR: which role's restore at the last layer's input brings the "
+    "parent back (@ value: induction, @ query: direct retrieval).",
+)
 def atr_restore(df: pd.DataFrame) -> Heatmaps:
     """Fig. 7: as Fig. 3 on ATR (parent queries, no train/test split)."""
     return restore_heatmaps(df, "atr", "Fig. 7, ATR")
 
 
-@figure("atr-mamba-conv")
+@figure(
+    "atr-mamba-conv",
+    "As conv-ablation on ATR: Mamba's accuracy and restores by short-conv size.",
+)
 def atr_mamba_conv(df: pd.DataFrame) -> Heatmaps:
     """Fig. 8: ATR Mamba by ``model.mixer.d_conv`` x d_model: original / corrupted /
     restored @ query, key, value at layers.{last}.input; LR-tuned."""
@@ -227,7 +250,11 @@ def atr_mamba_conv(df: pd.DataFrame) -> Heatmaps:
 # ---------------------------------------------------------------------------- ablations
 
 
-@figure("pos-emb")
+@figure(
+    "pos-emb",
+    "Whether position embeddings matter: each architecture's dev accuracy with against "
+    "without them, one section per task setting.",
+)
 def pos_emb(df: pd.DataFrame) -> Heatmaps:
     """Fig. 9: final dev accuracy with vs without ``model.position_embedding``, architecture
     x d_model, one section per task setting (kind plus varying task knobs); LR-tuned."""
@@ -246,7 +273,11 @@ def pos_emb(df: pd.DataFrame) -> Heatmaps:
     return Heatmaps("Fig. 9, accuracy with and without position embeddings", sections, rel)
 
 
-@figure("generalisation")
+@figure(
+    "generalisation",
+    "Whether ATR generalises to held-out query-answer pairs: dev against test accuracy "
+    "per run (far below the diagonal: memorised), and the restores on both splits.",
+)
 def generalisation(df: pd.DataFrame) -> Heatmaps:
     """Fig. 10: ATR with a query-answer train/test split (``task.split`` set): dev and test
     accuracy of the best-by-dev-accuracy checkpoint per architecture x d_model, restores on
@@ -297,7 +328,12 @@ def _layers(n: int) -> str:
     return f"{n} layer" + ("s" if n != 1 else "")
 
 
-@figure("one-layer")
+@figure(
+    "one-layer",
+    "What a 1-layer model can do: its accuracy beside the 2-layer runs, and whether "
+    "restoring the query at its mixer output brings the answer back (the only place it "
+    "can write it).",
+)
 def one_layer(df: pd.DataFrame) -> Heatmaps:
     """Fig. 11: 1-layer models (``model.n_layers`` == 1) per task (AR, ATR): accuracy next to
     the 2-layer runs when present, and the 1-layer models' interventions -- original,
@@ -332,7 +368,11 @@ def one_layer(df: pd.DataFrame) -> Heatmaps:
     return Heatmaps("Fig. 11, 1-layer models on AR and ATR", sections, used)
 
 
-@figure("layer-count")
+@figure(
+    "layer-count",
+    "Which layer writes the answer: the restore @ query at each layer's mixer output, "
+    "per layer count.",
+)
 def layer_count(df: pd.DataFrame) -> Heatmaps:
     """Fig. 12: AR models with 1-3 layers (several ``model.n_layers`` values): one section
     per layer count, accuracy and restored likelihood @ query at each layer's mixer output
@@ -356,7 +396,11 @@ def layer_count(df: pd.DataFrame) -> Heatmaps:
     return Heatmaps("Fig. 12, AR with 1-3 layers", sections, rel)
 
 
-@figure("sibling")
+@figure(
+    "sibling",
+    "Whether models answer sibling queries on ATR: accuracy per layer count, with the "
+    "restores where measured.",
+)
 def sibling(df: pd.DataFrame) -> Heatmaps:
     """Fig. 13: ATR with sibling queries (``task.query`` == "sibling"): accuracy per layer
     count, architecture x d_model; interventions at layers.{last}.input when present."""

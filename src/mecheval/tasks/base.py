@@ -127,6 +127,12 @@ class TaskConfigBase(BaseModel):
         del batch
         return None
 
+    @property
+    def has_key_free_documents(self) -> bool:
+        """Whether the task marks documents answerable without their key (it overrides
+        :meth:`key_free`): only then does ``--documents key-dependent`` leave any out."""
+        return type(self).key_free is not TaskConfigBase.key_free
+
     def split_rows(self, split: str) -> int:
         """Rows the split's dataset holds: its document count unless the task cuts documents
         into several rows (MQAR: one probe per query in dev and test)."""

@@ -105,6 +105,24 @@ class TrainConfig(BaseModel):
         ),
     )
 
+    log: list[Literal["tensorboard", "wandb"]] = Field(
+        default_factory=list,
+        description=(
+            "experiment trackers the run also logs its metrics and emergence restores to: "
+            "tensorboard, wandb or both (comma-separated, e.g. --set training.log=tensorboard), "
+            "each an optional extra. Changes what is shown, not what is computed"
+        ),
+    )
+
+    @field_validator("log", mode="before")
+    @classmethod
+    def _split_log(cls, log: Any) -> Any:
+        # --set training.log=tensorboard,wandb arrives as one string; none or "" logs nowhere.
+        if isinstance(log, str):
+            log = [name.strip() for name in log.split(",")]
+            log = [name for name in log if name not in ("", "none")]
+        return list(dict.fromkeys(log)) if isinstance(log, list) else log  # each once
+
     @field_validator("betas")
     @classmethod
     def _check_betas(cls, betas: tuple[float, float]) -> tuple[float, float]:

@@ -10,6 +10,7 @@
                           session; fingerprints of its documents and initial weights
                           (see provenance.py)
     checkpoint/           training state while the run is unfinished (see checkpoint.py)
+    tensorboard/, wandb/  the trackers' files, where training.log names them (trackers.py)
     .lock                 while a process trains the run: its PID (see :meth:`RunFolder.locked`)
 
 Life cycle (:class:`RunFolder`): prepared (config.yaml; a folder holding another config's run
@@ -58,6 +59,8 @@ STATUS_FILE = "status.json"
 PROVENANCE_FILE = "provenance.json"
 CHECKPOINT_DIR = "checkpoint"
 LOCK_FILE = ".lock"
+TENSORBOARD_DIR = "tensorboard"  # with training.log: tensorboard (see trackers.py)
+WANDB_DIR = "wandb"  # with training.log: wandb
 # ... the emergence callback during training, and the interventions after it
 # (experiments/mechanisms.py), these.
 EMERGENCE_FILE = "emergence.csv"
@@ -73,7 +76,7 @@ except ImportError:  # pragma: no cover
 
 #: Fields that may differ between the config a run was started with and the one it is resumed
 #: or skipped with: they change how fast, not what, it computes (``precision`` is not one).
-RUNTIME_FIELDS = ("threads", "device", "compile", "kernels")
+RUNTIME_FIELDS = ("threads", "device", "compile", "kernels", "log")
 
 
 class RunLocked(ConfigError):
@@ -342,6 +345,45 @@ def is_held(run_dir: Path) -> bool:
     return False
 
 
+#: The state of a run whose status says running while no process trains it.
+CUT_OFF = "cut off"
+
+
+def run_status(run_dir: Path) -> dict[str, Any]:
+    """The run's status, "pending" before it started and "cut off" where it says running
+    but no process holds its folder; never raises on a bad file."""
+    try:
+        status = read_status(run_dir) or {"state": "pending"}
+    except DamagedFile:
+        # Writes are atomic, so a broken file means someone else wrote it: say so, don't guess.
+        return {"state": "unreadable", "reason": f"{run_dir / STATUS_FILE}: not valid JSON"}
+    if status.get("state") == "running" and not is_held(run_dir):
+        return {**status, "state": CUT_OFF}
+    return status
+
+
+def unfinished(run_dir: Path) -> str | None:
+    """None for a run that is done; otherwise what it is, in words: ``still training (step
+    120 of 400)``, ``cut off at step 120 of 400``, ``failed at step 12: diverged: ...``,
+    ``not started``."""
+    status = run_status(run_dir)
+    state = status["state"]
+    if state == "done":
+        return None
+    at = f"step {status.get('step', 0)}"
+    if status.get("total_steps"):
+        at += f" of {status['total_steps']}"
+    if state == "running":
+        return f"still training ({at})"
+    if state == CUT_OFF:
+        return f"cut off at {at}: no process trains it (run it again to resume)"
+    if state == "failed":
+        return f"failed at {at}: {status.get('reason')}"
+    if state == "pending":
+        return "not started"
+    return f"{state}: {status.get('reason')}"
+
+
 def read_provenance(run_dir: Path) -> dict[str, Any] | None:
     """The run's ``provenance.json``, None where it has none (a run trained before it was
     recorded) or where it is damaged (it records, it does not decide anything)."""
@@ -363,7 +405,7 @@ def load_run(
     if not config_path.is_file():
         raise ConfigError(f"{run_dir}: not a run folder (no {CONFIG_FILE})")
     if not model_path.is_file():
-        raise ConfigError(f"{run_dir}: the run has no {MODEL_FILE} yet (not finished?)")
+        raise ConfigError(f"{run_dir}: {unfinished(run_dir) or 'done'}; no {MODEL_FILE} to read")
     cfg = load_config(config_path) if cfg is None else cfg
     model = build_model(cfg.model)
     try:

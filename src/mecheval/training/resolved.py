@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mecheval.training.config import RunConfig, resolve
+from mecheval.training.config import RunConfig, check_device, resolve
 from mecheval.training.folder import RunFolder
+from mecheval.training.trackers import check_trackers
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,12 @@ class ResolvedRun:
     @property
     def device(self) -> str:
         return self.cfg.training.device
+
+    def check_machine(self) -> None:
+        """ConfigError unless this machine can train the run: it has the run's device, and
+        the packages of the run's trackers are installed."""
+        check_device(self.device)
+        check_trackers(self.cfg.training.log)
 
     def folder(self) -> RunFolder:
         return RunFolder(self.run_dir, self.cfg)

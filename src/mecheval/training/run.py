@@ -18,7 +18,7 @@ from mecheval.training.checkpoint import (
     read_checkpoint,
     remove_checkpoint,
 )
-from mecheval.training.config import RunConfig, check_device
+from mecheval.training.config import RunConfig
 from mecheval.training.folder import RunFolder, peek_status
 from mecheval.training.provenance import documents_fingerprint, fingerprint
 from mecheval.training.reporter import Reporter
@@ -111,7 +111,7 @@ def train_run(
     task (through its dataset cache). ``reporter`` is told the progress and any warning
     (default: no progress display).
     """
-    check_device(run.device)
+    run.check_machine()
     folder = run.folder()
     with folder.locked():
         return _train(folder, callbacks, datasets, run.cache_dir, reporter)

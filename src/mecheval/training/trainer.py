@@ -30,7 +30,7 @@ from mecheval.training.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from mecheval.training.config import RunConfig, total_steps, warmup_steps
+from mecheval.training.config import RunConfig, config_to_data, total_steps, warmup_steps
 from mecheval.training.folder import CHECKPOINT_DIR, METRICS_FILE
 from mecheval.training.metrics import (
     MetricsLog,
@@ -42,11 +42,13 @@ from mecheval.training.metrics import (
 from mecheval.training.precision import autocast, tf32
 from mecheval.training.reporter import NullReporter, Reporter
 from mecheval.training.schedule import make_scheduler
+from mecheval.training.trackers import Trackers, scalars
 from mecheval.training.turns import pass_turn
 
-#: ``(step, model, run_dir) -> None``, called after each evaluation (step 0 and the end
-#: included); how higher stages (e.g. interventions) hook into training without being imported.
-Callback = Callable[[int, LanguageModel, Path], None]
+#: ``(step, model, run_dir) -> scalars or None``, called after each evaluation (step 0 and the
+#: end included); how higher stages (e.g. interventions) hook into training without being
+#: imported. What it returns (tag -> value) goes to the run's trackers (trackers.py).
+Callback = Callable[[int, LanguageModel, Path], Mapping[str, float] | None]
 
 # Separate random streams derived from training.seed, so that no use disturbs another.
 _ORDER_STREAM = 0x0DA7A
@@ -150,6 +152,7 @@ class Trainer:
         self.optimizer = make_optimizer(self.model, cfg)
         self.scheduler = make_scheduler(self.optimizer, self.total, warmup_steps(cfg))
         self.metrics = MetricsLog(run_dir / METRICS_FILE)
+        self.trackers = Trackers(self.t.log, run_dir, config_to_data(cfg))
         self.step = 0
         self.loss_sum = 0.0  # running training loss since the last evaluation
         self.loss_count = 0
@@ -212,6 +215,7 @@ class Trainer:
         # Rows written after the checkpoint will be written again, identically.
         self.metrics = MetricsLog.read(self.run_dir / METRICS_FILE)
         self.metrics.truncate(step)
+        self.trackers.resumed_at(step)
         return True
 
     # ------------------------------------------------------------------ loop
@@ -258,9 +262,11 @@ class Trainer:
         step = self.step
         if not all(torch.isfinite(p).all() for p in self.model.parameters()):
             raise Diverged(step, f"diverged: non-finite weights at step {step}")
+        train: dict[str, float] = {}
         if self.loss_count:
-            self.metrics.add(step, "train", {"running_loss": self.loss_sum / self.loss_count})
-        self.metrics.add(step, "train", {"lr": self.optimizer.param_groups[0]["lr"]})
+            train["running_loss"] = self.loss_sum / self.loss_count
+        train["lr"] = self.optimizer.param_groups[0]["lr"]
+        self.metrics.add(step, "train", train)
         self.loss_sum, self.loss_count = 0.0, 0
         results: dict[str, dict[str, float]] = {}
         for split, batches in self.eval_batches.items():
@@ -269,13 +275,15 @@ class Trainer:
         self.metrics.flush()
         self.last_results = results
         self.reporter.evaluated(step, results)
+        logged = scalars({"train": train, **results})
         if self.callbacks:
             self.model.eval()
             try:
                 for callback in self.callbacks:
-                    callback(step, self.model, self.run_dir)
+                    logged.update(callback(step, self.model, self.run_dir) or {})
             finally:
                 self.model.train()
+        self.trackers.log(step, logged)
 
     def reached_target(self) -> bool:
         """Whether the last evaluation's dev accuracy reached ``training.stop_at_accuracy``."""
@@ -333,6 +341,7 @@ class Trainer:
             raise
         finally:
             self.reporter.stop()
+            self.trackers.close()
         return self.last_results
 
     def wall_time(self, start: float, clock: Callable[[], float] = time.perf_counter) -> float:

@@ -73,7 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from mecheval.training.checkpoint import CorruptCheckpoint, checkpoint_step, has_checkpoint
-from mecheval.training.config import RunConfig, check_device
+from mecheval.training.config import RunConfig
 from mecheval.training.folder import RunFolder
 from mecheval.training.provenance import documents_fingerprint, fingerprint
 from mecheval.training.reporter import ReporterFactory, null_reporter
@@ -249,8 +249,8 @@ def train_runs(
     """
     if len({run.run_dir.resolve() for run in runs}) != len(runs):
         raise ValueError("train_group: two runs share a run folder")
-    for device in {run.device for run in runs}:
-        check_device(device)
+    for run in runs:
+        run.check_machine()
     folders = [run.folder() for run in runs]
     reporter_for = reporter_for or null_reporter
     statuses: list[dict[str, Any] | None] = [folder.check() for folder in folders]

@@ -428,6 +428,8 @@ class GroupTrainer:
                 self.sync(j)
         finally:
             self.reporter.stop()
+            for member in self.members:
+                member.trackers.close()
 
 
 def _members(

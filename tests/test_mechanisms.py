@@ -90,7 +90,10 @@ def test_intervene_run_writes_tidy_rows_and_a_label(tmp_path, weights, expected)
     for condition in ("original", "corrupted"):
         value = likelihood[likelihood.condition == condition].value.iloc[0]
         assert label[condition] == pytest.approx(value)
-    at_site = likelihood[(likelihood.condition == "restored") & (likelihood.site == label["site"])]
+    restored_rows = likelihood[
+        (likelihood.condition == "restored") & ~likelihood.role.str.startswith("null ")
+    ]
+    at_site = restored_rows[restored_rows.site == label["site"]]
     assert label["restored"] == pytest.approx(dict(zip(at_site.role, at_site.value, strict=True)))
     if expected == "induction":
         # Restoring the value (where layer 0 associated the key) brings the answer back.
@@ -117,14 +120,14 @@ def test_intervene_at_sites_without_a_label_prints_their_table_and_keeps_the_lab
     args = ("intervene", str(run_dir), "--split", "dev", "--sites", "layers.0.input")
     code, out, err = run_cli(monkeypatch, capsys, *args)
     assert (code, err) == (0, "")
-    lines = out.splitlines()
-    assert [line.split("|")[1].strip() for line in lines if line.startswith("| layers")] == [
-        "layers.0.input"
-    ]
+    restores, intervals = out.split("95 % intervals of the restores")
+    for table in (restores, intervals):  # each table: the asked site alone
+        rows = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| l")]
+        assert rows == ["layers.0.input"]
     assert (
         "mechanism: not read here; a label is read from the key, value and query restores at "
         "layers.1.input (add --sites layers.1.input)"
-    ) in lines
+    ) in out.splitlines()
     written = pd.read_csv(run_dir / "interventions.csv", keep_default_na=False)
     assert set(written[written.condition == "restored"].site) == {"layers.0.input"}
     assert (run_dir / "mechanism.json").read_text() == before

@@ -135,6 +135,7 @@ def _check_names(cfg, model, sites: list[str] | None, roles: list[str] | None) -
 def _print_exact(run_dir: Path, measured, metric: str, split: str, documents: str) -> None:
     """The exact table and the mechanism label (or where one would be read)."""
     from mecheval.interventions import restore_view
+    from mecheval.interventions.metrics import interval_view
     from mecheval.training.folder import INTERVENTIONS_FILE
 
     view = restore_view(measured.result.table, metric=metric)
@@ -142,6 +143,9 @@ def _print_exact(run_dir: Path, measured, metric: str, split: str, documents: st
     what = "the true answer" if metric in ("likelihood", "accuracy") else "the candidates"
     typer.echo(f"{metric} of {what} (%), {split} split, {measured.n_docs}{which} documents:")
     typer.echo(view.to_markdown())
+    if metric == "likelihood":
+        typer.echo("\n95 % intervals of the restores (bootstrap over the documents):")
+        typer.echo(interval_view(measured.result.per_example).to_markdown())
     if measured.label is None:
         where = " or ".join(measured.label_sites)
         typer.echo(

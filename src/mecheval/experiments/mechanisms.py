@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -38,6 +38,8 @@ from mecheval.interventions import (
     readable_sites,
 )
 from mecheval.interventions.attribution import DEFAULT_STEPS
+from mecheval.interventions.intervals import interval_table
+from mecheval.interventions.null import Null, measure_null, null_at_sites
 from mecheval.io import atomic_write_text
 from mecheval.models import LanguageModel
 from mecheval.models.sites import (
@@ -293,7 +295,15 @@ def intervene_run(
     seconds = time.perf_counter() - started
     candidates = pair[0].candidates
     read_label, where = _label_reader(cfg, model, candidates)
-    label = read_label(result.table)
+    measured_sites = set(result.table.site)
+    null = measure_null(model, *pair, [site for site in where if site in measured_sites])
+    # Every restore's interval, the null's too; the null's restores beside the roles'.
+    examples = [result.per_example, *([] if null is None else [null.per_example])]
+    added = [] if null is None else [null.table[null.table.condition == "restored"]]
+    added.append(interval_table(pd.concat(examples)))
+    rows = pd.concat([rows, *(tidy_rows(a, plan.split, step) for a in added)], ignore_index=True)
+    nulls = None if null is None else null_at_sites(null.per_example)
+    label = read_label(result.table, result.per_example, nulls)
     graded: tuple[Graded, ...] = ()
     if plan.methods:
         graded = tuple(grade_methods(model, plan, step, pair, (result, label, seconds), read_label))
@@ -314,11 +324,21 @@ def _label_reader(
     n_layers = cfg.model.n_layers
     chance = None if candidates is None else chance_level(candidates)
 
-    def read_label(table: pd.DataFrame) -> MechanismLabel | None:
+    def read_label(
+        table: pd.DataFrame,
+        per_example: pd.DataFrame | None = None,
+        nulls: Mapping[str, Null] | None = None,
+    ) -> MechanismLabel | None:
         if not readable_sites(table, n_layers, local_sites, readings):
             return None
         return label_mechanism(
-            table, n_layers, chance=chance, local_sites=local_sites, readings=readings
+            table,
+            n_layers,
+            chance=chance,
+            local_sites=local_sites,
+            readings=readings,
+            per_example=per_example,
+            nulls=nulls,
         )
 
     return read_label, tuple(label_sites(n_layers, local_sites))
@@ -332,10 +352,12 @@ def _write_mechanism(
     n_docs: int,
     not_done: str | None = None,
 ) -> None:
-    """mechanism.json: the label with its restores, range and the documents it was read on
-    (and, read from a run that is not done, what the run was: ``unfinished_run``)."""
+    """mechanism.json: the label with its restores, the intervals of their fractions and
+    whether that makes the label fragile, range and the documents it was read on (and, read
+    from a run that is not done, what the run was: ``unfinished_run``)."""
     record = {
         **asdict(label),
+        "fragile": label.fragile,
         "range": label.range,
         "mean_candidates": None
         if candidates is None

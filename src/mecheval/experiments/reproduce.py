@@ -111,9 +111,16 @@ def mechanisms_markdown(experiment_dir: Path) -> str:
     summary = summary.sort_values(
         "architecture", key=lambda c: c.map(architecture_rank), kind="stable"
     )
+    shown = summary.drop(columns="seed")
+    if "fragile" in shown.columns:  # a fragile label says so, with the fraction that decides it
+        fragile = shown.pop("fragile")
+        shown["mechanism"] = [
+            f"{label} (fragile: {f})" if isinstance(f, str) and isinstance(label, str) else label
+            for label, f in zip(shown["mechanism"], fragile, strict=True)
+        ]
     text = (
         "Mechanisms (likelihood of the answer %, restored at the label site):\n\n"
-        + summary.drop(columns="seed").to_markdown(index=False)
+        + shown.to_markdown(index=False)
     )
     agreement = seed_agreement(summary)
     if (agreement["labels"].str.count(" · ") > 0).any():

@@ -26,7 +26,10 @@ unknown (a plugin mixer that does not say, a model that cannot be built here).
 
 The behavioural metrics are tasks/scores.py's SCORES, the mechanistic ones
 interventions.RESTORE_METRICS; both include the binding scores (in-context mass and
-accuracy) where the run was measured after they existed.
+accuracy) where the run was measured after they existed. A run's final restores also carry
+their 95 % bootstrap intervals over the documents and the fraction each recovers
+(interventions/intervals.py's INTERVAL_METRICS: likelihood_low, likelihood_high, recovered,
+recovered_low, recovered_high), where it was measured after they existed.
 """
 
 from __future__ import annotations
@@ -323,6 +326,9 @@ def mechanism_summary(experiment_dir: str | Path) -> pd.DataFrame:
             for role in ("key", "value", "query"):
                 value = label["restored"].get(role)
                 row[f"@ {role}"] = None if value is None else round(100 * value, 1)
+            null = label.get("null")  # positions that play no role (interventions/null.py)
+            if null is not None:
+                row["@ null"] = round(100 * null["likelihood"], 1)
             # a task that reads recurrent states too (state tracking): the best state's restore
             states = {r: v for r, v in label["restored"].items() if r.endswith(" (state)")}
             row |= {f"@ {r}": round(100 * v, 1) for r, v in states.items()}
@@ -331,6 +337,7 @@ def mechanism_summary(experiment_dir: str | Path) -> pd.DataFrame:
                 value = label.get(key)
                 row[column] = None if value is None else round(100 * value, 1)
             row["mechanism"] = label["label"]
+            row["fragile"] = label.get("fragile")  # None: not fragile, or not measured
         row["ran on"] = _origin(run_dir)[0]
         rows.append(row)
     summary = pd.DataFrame(rows)
@@ -342,7 +349,9 @@ def mechanism_summary(experiment_dir: str | Path) -> pd.DataFrame:
 def seed_agreement(summary: pd.DataFrame) -> pd.DataFrame:
     """Per cell (the runs of one setting: run names without their ``-sN`` seed part), each
     seed's label and how many seeds agree on the commonest one: "induction 2/3"; a cell of
-    one seed says so ("induction (one seed)"), two labels equally common read "split".
+    one seed says so ("induction (one seed)"), two labels equally common read "split"; fragile
+    labels (``mechanism.json``'s ``fragile``) are counted apart ("induction 3/3 (1 of them
+    fragile)").
     ``summary`` is :func:`mechanism_summary`'s (its ``seed`` column: each run's training
     seed); runs without a label are left out."""
     columns = ["architecture", "cell", "labels", "agreement"]
@@ -351,18 +360,28 @@ def seed_agreement(summary: pd.DataFrame) -> pd.DataFrame:
     labelled = summary[summary["mechanism"].notna()]
     rows = []
     cells = labelled["run"].str.replace(r"-s\d+$", "", regex=True)
+    fragile = (
+        labelled["fragile"] if "fragile" in labelled.columns else pd.Series(None, labelled.index)
+    )
     for cell, runs in labelled.groupby(cells, sort=False):
         seeds = runs["seed"].tolist()
         labels = runs["mechanism"].tolist()
+        weak = [isinstance(f, str) for f in fragile[runs.index]]
         counts = pd.Series(labels).value_counts()
         top, n = counts.index[0], int(counts.iloc[0])
         if len(labels) == 1:
-            agreement = f"{top} (one seed)"
+            agreement = f"{top} (one seed{', fragile' if weak[0] else ''})"
         elif (counts == n).sum() > 1:
             agreement = f"split ({', '.join(f'{label} {c}' for label, c in counts.items())})"
         else:
             agreement = f"{top} {n}/{len(labels)}"
-        by_seed = " · ".join(f"s{seed}: {label}" for seed, label in zip(seeds, labels, strict=True))
+            # Fragile agreeing labels are counted apart: they might have read otherwise.
+            k = sum(w for label, w in zip(labels, weak, strict=True) if label == top)
+            agreement += f" ({k} of them fragile)" if k else ""
+        by_seed = " · ".join(
+            f"s{seed}: {label}{' (fragile)' if w else ''}"
+            for seed, label, w in zip(seeds, labels, weak, strict=True)
+        )
         rows.append((runs["architecture"].iloc[0], cell, by_seed, agreement))
     return pd.DataFrame(rows, columns=columns)
 

@@ -60,11 +60,13 @@ at the label site). Every state is a candidate there, so an accuracy at or below
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pandas as pd
 
+from mecheval.interventions.intervals import BOOTSTRAP, Bootstrap, restore_intervals
+from mecheval.interventions.null import Null
 from mecheval.models.sites import last_layer_input, layer_site, state_site_layer
 from mecheval.tasks.readings import CANDIDATES_ONLY, RETRIEVAL, Readings
 
@@ -104,6 +106,48 @@ class MechanismLabel:
     in_context_mass: float | None = None
     #: mean(1 / in-context candidates): the accuracy of a guess among them
     chance: float | None = None
+    #: the key of ``recovered`` whose fraction decided a restore label (None: no role did)
+    role: str | None = None
+    #: per key of ``recovered``: the 95 % bootstrap interval of its fraction over the
+    #: documents (interventions/intervals.py); empty where no per-document table was given
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: the restore at positions that play no role, at the label site (interventions/null.py):
+    #: a role's fraction counts only above ``null.high``. None: not measured
+    null: Null | None = None
+
+    @property
+    def bar(self) -> float:
+        """What the deciding fraction must reach: ``min_fraction``, or the null's upper bound
+        where that is higher."""
+        floor = -math.inf if self.null is None else self.null.high
+        return max(self.thresholds.min_fraction, floor)
+
+    @property
+    def fragile(self) -> str | None:
+        """Where the fraction that decides the label has an interval across its threshold
+        (:attr:`bar`), that fraction in words (``query 52 % [44, 60]``): the same
+        measurement on other documents could read another label. None where it does not (or
+        no interval was measured)."""
+        threshold = self.bar
+        if self.role is not None and self.role in self.intervals:
+            if self.intervals[self.role][0] < threshold:
+                return self._cite(self.role)
+        elif self.label == "unclear":
+            near = [k for k, (_, high) in self.intervals.items() if high >= threshold]
+            if near:
+                return self._cite(max(near, key=self.recovered.__getitem__))
+        return None
+
+    def _cite(self, key: str) -> str:
+        low, high = self.intervals[key]
+        return f"{key} {100 * self.recovered[key]:.0f} % [{100 * low:.0f}, {100 * high:.0f}]"
+
+    @property
+    def headline(self) -> str:
+        """The label, marked where it is fragile: ``direct retrieval, layer 0 (fragile:
+        query 52 % [44, 60])``."""
+        fragile = self.fragile
+        return f"{self.label} (fragile: {fragile})" if fragile else self.label
 
     @property
     def range(self) -> float:
@@ -123,7 +167,15 @@ class MechanismLabel:
         return line
 
     def __str__(self) -> str:
-        parts = ", ".join(f"{r} {v:.0%}" for r, v in self.recovered.items())
+        parts = ", ".join(
+            f"{r} {v:.0%}"
+            + (
+                f" [{self.intervals[r][0]:.0%}, {self.intervals[r][1]:.0%}]"
+                if r in self.intervals
+                else ""
+            )
+            for r, v in self.recovered.items()
+        )
         if self.label == CANDIDATES_ONLY:
             return (
                 f"{self.label} (in-context accuracy {self.in_context_accuracy:.3f}, accuracy "
@@ -131,9 +183,13 @@ class MechanismLabel:
                 f"{self.chance:.3f}; at {self.site}: original {self.original:.3f}, corrupted "
                 f"{self.corrupted:.3f}, recovered {parts})"
             )
+        null = ""
+        if self.null is not None:
+            mean = round(self.null.recovered, 2) + 0.0  # no "-0%"
+            null = f"; the null (no role) recovers {mean:.0%}, at most {self.null.high:.0%}"
         return (
-            f"{self.label} (at {self.site}: original {self.original:.3f}, corrupted "
-            f"{self.corrupted:.3f}, range {self.range:.3f}; recovered {parts})"
+            f"{self.headline} (at {self.site}: original {self.original:.3f}, corrupted "
+            f"{self.corrupted:.3f}, range {self.range:.3f}; recovered {parts}{null})"
         )
 
 
@@ -217,12 +273,19 @@ def label_mechanism(
     chance: float | None = None,
     local_sites: Sequence[str] = (),
     readings: Readings = RETRIEVAL,
+    per_example: pd.DataFrame | None = None,
+    bootstrap: Bootstrap = BOOTSTRAP,
+    nulls: Mapping[str, Null] | None = None,
 ) -> MechanismLabel:
     """Label from an interchange table (the engine's ``InterchangeResult.table``) and the
     chance level of its documents (``tasks.scores.chance_level`` of their candidates).
     ``local_sites``: the short mixing steps' sites of a one-layer model's block
     (``models.sites.local_mixing_sites(model, 0)``), read instead of ``layers.0.output``.
-    ``readings``: the task's label vocabulary (tasks/readings.py; AR's by default)."""
+    ``readings``: the task's label vocabulary (tasks/readings.py; AR's by default).
+    ``per_example``: the engine's per-document table, which gives each recovered fraction
+    its ``bootstrap`` interval (and the label its :attr:`MechanismLabel.fragile` reading).
+    ``nulls``: per site, the restore at positions that play no role (interventions/null.py);
+    at the site the label is read at, a role's fraction counts only above its upper bound."""
     likelihood = table[table.metric == "likelihood"]
     binding = _binding(table, chance)
     original, corrupted = _condition(likelihood, "original"), _condition(likelihood, "corrupted")
@@ -238,18 +301,43 @@ def label_mechanism(
     site, restored, recovered = max(read, key=lambda r: max(r[2].values(), default=-math.inf))
     names = dict(readings.at_label_site)
     state_sites = _read_states(likelihood, readings, corrupted, gap, (restored, recovered, names))
+    best: str | None = None  # the role that decides a restore label
+    label: str | None = None
     if _at_chance(binding, readings, thresholds):
         label = readings.at_chance
     elif original < thresholds.min_original:
         label = "not learned"
     elif gap < thresholds.min_gap:
         label = "inconclusive"
-    else:
-        best = _deciding_role(readings, state_sites, recovered, thresholds)
+    null = (nulls or {}).get(site)
+    if label is None:
+        floor = -math.inf if null is None else null.high
+        best = _deciding_role(readings, state_sites, recovered, thresholds, floor)
         label = "unclear" if best is None else names[best]
-        site = state_sites.get(best or "", site)
+    intervals = {}
+    if per_example is not None:
+        where = {
+            key: (state_sites.get(key, site), key.removesuffix(" (state)")) for key in recovered
+        }
+        wanted = per_example.set_index(["site", "role"]).index.isin(list(where.values()))
+        bounds = restore_intervals(per_example[wanted], bootstrap).set_index(["site", "role"])
+        intervals = {
+            key: tuple(bounds.loc[at, ["recovered_low", "recovered_high"]].astype(float))
+            for key, at in where.items()
+            if at in bounds.index
+        }
     return MechanismLabel(
-        label, site, original, corrupted, restored, recovered, thresholds, **binding
+        label,
+        state_sites.get(best or "", site),
+        original,
+        corrupted,
+        restored,
+        recovered,
+        thresholds,
+        **binding,
+        role=best,
+        intervals=intervals,
+        null=null,
     )
 
 
@@ -315,12 +403,22 @@ def _at_chance(binding: dict, readings: Readings, thresholds: Thresholds) -> boo
 
 
 def _deciding_role(
-    readings: Readings, state_sites: dict[str, str], recovered: dict, thresholds: Thresholds
+    readings: Readings,
+    state_sites: dict[str, str],
+    recovered: dict,
+    thresholds: Thresholds,
+    floor: float = -math.inf,
 ) -> str | None:
-    """The role whose restore names the mechanism, None where none reaches the threshold."""
+    """The role whose restore names the mechanism, None where none reaches the threshold
+    (and, at the label site, rises above ``floor``: the null's upper bound)."""
+
+    def counts(role: str) -> bool:
+        above_null = role in state_sites or recovered[role] > floor
+        return recovered[role] >= thresholds.min_fraction and above_null
+
     if readings.first_reached:  # state sites first, then the label site's roles in order
         order = [*state_sites, *(r for r in readings.at_label_site if r in recovered)]
-        reached = [r for r in order if recovered[r] >= thresholds.min_fraction]
+        reached = [r for r in order if counts(r)]
         return reached[0] if reached else None
     best = max(recovered, key=recovered.__getitem__)  # the role that recovers most
-    return best if recovered[best] >= thresholds.min_fraction else None
+    return best if counts(best) else None

@@ -275,16 +275,14 @@ def intervene_run(
     run_dir = Path(run_dir)
     plan = plan or InterventionPlan()
     target = run_dir / INTERVENTIONS_FILE
-    was_graded = not plan.methods or (run_dir / GRADES_FILE).exists()
-    if skip_existing and target.exists() and _measured_on(run_dir) == plan.documents and was_graded:
+    if skip_existing and _measured_as_planned(run_dir, plan):
         return None
     if run is not None:
         cache_dir, device = run.cache_dir, run.device
     if loaded is None:
         loaded = load_run(run_dir, device, cfg=run.cfg if run is not None else None)
     cfg, model = loaded
-    readings = cfg.task.readings
-    if readings.in_state and plan.sites is None:
+    if cfg.task.readings.in_state and plan.sites is None:
         # The task reads recurrent states too: every module site and every state site.
         plan = replace(plan, sites=(*site_names(model), *state_site_names(model)))
     step = int((read_status(run_dir) or {}).get("step", 0))
@@ -295,14 +293,8 @@ def intervene_run(
     seconds = time.perf_counter() - started
     candidates = pair[0].candidates
     read_label, where = _label_reader(cfg, model, candidates)
-    measured_sites = set(result.table.site)
-    null = measure_null(model, *pair, [site for site in where if site in measured_sites])
-    # Every restore's interval, the null's too; the null's restores beside the roles'.
-    examples = [result.per_example, *([] if null is None else [null.per_example])]
-    added = [] if null is None else [null.table[null.table.condition == "restored"]]
-    added.append(interval_table(pd.concat(examples)))
-    rows = pd.concat([rows, *(tidy_rows(a, plan.split, step) for a in added)], ignore_index=True)
-    nulls = None if null is None else null_at_sites(null.per_example)
+    added, nulls = _null_and_intervals(model, pair, result, where, (plan.split, step))
+    rows = pd.concat([rows, added], ignore_index=True)
     label = read_label(result.table, result.per_example, nulls)
     graded: tuple[Graded, ...] = ()
     if plan.methods:
@@ -312,6 +304,33 @@ def intervene_run(
         _write_mechanism(run_dir, label, candidates, plan.documents, len(pair[0]), not_done)
     atomic_write_text(target, rows.to_csv(index=False))
     return RunMechanism(result, rows, label, len(pair[0]), where, graded, not_done)
+
+
+def _measured_as_planned(run_dir: Path, plan: InterventionPlan) -> bool:
+    """Whether the run's interventions.csv is there, on the plan's documents, and graded
+    where the plan grades estimates."""
+    was_graded = not plan.methods or (run_dir / GRADES_FILE).exists()
+    on_documents = _measured_on(run_dir) == plan.documents
+    return (run_dir / INTERVENTIONS_FILE).exists() and on_documents and was_graded
+
+
+def _null_and_intervals(
+    model: LanguageModel,
+    pair: tuple[Batch, Batch],
+    result: InterchangeResult,
+    label_sites: Sequence[str],
+    at: tuple[str, int],
+) -> tuple[pd.DataFrame, dict[str, Null] | None]:
+    """The null at the label sites ``result`` measured (interventions/null.py), and the rows
+    the restores add to the run's table (split and step ``at``): the null's restores, and
+    every restore's interval (the null's too)."""
+    measured = set(result.table.site)
+    null = measure_null(model, *pair, [site for site in label_sites if site in measured])
+    examples = [result.per_example, *([] if null is None else [null.per_example])]
+    added = [] if null is None else [null.table[null.table.condition == "restored"]]
+    added.append(interval_table(pd.concat(examples)))
+    rows = pd.concat([tidy_rows(table, *at) for table in added], ignore_index=True)
+    return rows, None if null is None else null_at_sites(null.per_example)
 
 
 def _label_reader(

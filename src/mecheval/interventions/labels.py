@@ -279,13 +279,11 @@ def label_mechanism(
 ) -> MechanismLabel:
     """Label from an interchange table (the engine's ``InterchangeResult.table``) and the
     chance level of its documents (``tasks.scores.chance_level`` of their candidates).
-    ``local_sites``: the short mixing steps' sites of a one-layer model's block
-    (``models.sites.local_mixing_sites(model, 0)``), read instead of ``layers.0.output``.
-    ``readings``: the task's label vocabulary (tasks/readings.py; AR's by default).
-    ``per_example``: the engine's per-document table, which gives each recovered fraction
-    its ``bootstrap`` interval (and the label its :attr:`MechanismLabel.fragile` reading).
-    ``nulls``: per site, the restore at positions that play no role (interventions/null.py);
-    at the site the label is read at, a role's fraction counts only above its upper bound."""
+    ``local_sites``: a one-layer block's short mixing steps (``models.sites.
+    local_mixing_sites(model, 0)``), read instead of ``layers.0.output``; ``readings``: the
+    task's labels (tasks/readings.py). ``per_example`` (the engine's per-document table) gives
+    each fraction its ``bootstrap`` interval; ``nulls`` (per site, interventions/null.py): a
+    role's fraction counts only above the null's upper bound at the label's site."""
     likelihood = table[table.metric == "likelihood"]
     binding = _binding(table, chance)
     original, corrupted = _condition(likelihood, "original"), _condition(likelihood, "corrupted")
@@ -295,37 +293,16 @@ def label_mechanism(
         where = " or ".join(label_sites(n_layers, local_sites))
         roles = "/".join(readings.at_label_site)
         raise ValueError(f"label: the table has no restores at {where} ({roles})")
-    labelled = list(readings.at_label_site)
-    read = [(site, *_recovered(likelihood, site, corrupted, gap, labelled)) for site in sites]
-    # the first site whose best role recovers most (max keeps the first of equals)
-    site, restored, recovered = max(read, key=lambda r: max(r[2].values(), default=-math.inf))
+    site, restored, recovered = _best_site(likelihood, sites, corrupted, gap, readings)
     names = dict(readings.at_label_site)
     state_sites = _read_states(likelihood, readings, corrupted, gap, (restored, recovered, names))
-    best: str | None = None  # the role that decides a restore label
-    label: str | None = None
-    if _at_chance(binding, readings, thresholds):
-        label = readings.at_chance
-    elif original < thresholds.min_original:
-        label = "not learned"
-    elif gap < thresholds.min_gap:
-        label = "inconclusive"
+    label = _without_restores(binding, readings, thresholds, original, gap)
     null = (nulls or {}).get(site)
-    if label is None:
-        floor = -math.inf if null is None else null.high
-        best = _deciding_role(readings, state_sites, recovered, thresholds, floor)
-        label = "unclear" if best is None else names[best]
-    intervals = {}
-    if per_example is not None:
-        where = {
-            key: (state_sites.get(key, site), key.removesuffix(" (state)")) for key in recovered
-        }
-        wanted = per_example.set_index(["site", "role"]).index.isin(list(where.values()))
-        bounds = restore_intervals(per_example[wanted], bootstrap).set_index(["site", "role"])
-        intervals = {
-            key: tuple(bounds.loc[at, ["recovered_low", "recovered_high"]].astype(float))
-            for key, at in where.items()
-            if at in bounds.index
-        }
+    # the role that decides a restore label (None: the label needs no restore, or unclear)
+    best = None if label else _deciding_role(readings, state_sites, recovered, thresholds, null)
+    label = label or ("unclear" if best is None else names[best])
+    where = {key: (state_sites.get(key, site), key.removesuffix(" (state)")) for key in recovered}
+    intervals = {} if per_example is None else _intervals(per_example, where, bootstrap)
     return MechanismLabel(
         label,
         state_sites.get(best or "", site),
@@ -339,6 +316,48 @@ def label_mechanism(
         intervals=intervals,
         null=null,
     )
+
+
+def _best_site(
+    likelihood: pd.DataFrame,
+    sites: Sequence[str],
+    corrupted: float,
+    gap: float,
+    readings: Readings,
+) -> tuple[str, dict[str, float], dict[str, float]]:
+    """(site, restored, recovered) of the first site whose best role recovers most (max keeps
+    the first of equals)."""
+    labelled = list(readings.at_label_site)
+    read = [(site, *_recovered(likelihood, site, corrupted, gap, labelled)) for site in sites]
+    return max(read, key=lambda r: max(r[2].values(), default=-math.inf))
+
+
+def _without_restores(
+    binding: dict, readings: Readings, thresholds: Thresholds, original: float, gap: float
+) -> str | None:
+    """The labels read before any restore: at chance, not learned, inconclusive (in that
+    order); None where the restores decide."""
+    if _at_chance(binding, readings, thresholds):
+        return readings.at_chance
+    if original < thresholds.min_original:
+        return "not learned"
+    if gap < thresholds.min_gap:
+        return "inconclusive"
+    return None
+
+
+def _intervals(
+    per_example: pd.DataFrame, where: Mapping[str, tuple[str, str]], bootstrap: Bootstrap
+) -> dict[str, tuple[float, float]]:
+    """The interval of each key's recovered fraction, the key restored at ``where[key]``
+    (site, role)."""
+    wanted = per_example.set_index(["site", "role"]).index.isin(list(where.values()))
+    bounds = restore_intervals(per_example[wanted], bootstrap).set_index(["site", "role"])
+    return {
+        key: tuple(bounds.loc[at, ["recovered_low", "recovered_high"]].astype(float))
+        for key, at in where.items()
+        if at in bounds.index
+    }
 
 
 def _condition(likelihood: pd.DataFrame, condition: str) -> float:
@@ -407,10 +426,11 @@ def _deciding_role(
     state_sites: dict[str, str],
     recovered: dict,
     thresholds: Thresholds,
-    floor: float = -math.inf,
+    null: Null | None = None,
 ) -> str | None:
     """The role whose restore names the mechanism, None where none reaches the threshold
-    (and, at the label site, rises above ``floor``: the null's upper bound)."""
+    (and, at the label site, rises above the ``null``'s upper bound)."""
+    floor = -math.inf if null is None else null.high
 
     def counts(role: str) -> bool:
         above_null = role in state_sites or recovered[role] > floor

@@ -50,8 +50,10 @@ from mecheval.training.config import (
     total_steps,
 )
 from mecheval.training.reporter import print_warning
+from mecheval.training.trackers import TENSORBOARD_DIR, WANDB_DIR  # noqa: F401 - names kept here
 
-# Every file name of a run folder, here alone. Training writes these ...
+# Every file name of a run folder, here (the trackers' folders from trackers.py, imported
+# above). Training writes these ...
 CONFIG_FILE = "config.yaml"
 MODEL_FILE = "model.safetensors"
 METRICS_FILE = "metrics.csv"
@@ -59,8 +61,6 @@ STATUS_FILE = "status.json"
 PROVENANCE_FILE = "provenance.json"
 CHECKPOINT_DIR = "checkpoint"
 LOCK_FILE = ".lock"
-TENSORBOARD_DIR = "tensorboard"  # with training.log: tensorboard (see trackers.py)
-WANDB_DIR = "wandb"  # with training.log: wandb
 # ... the emergence callback during training, and the interventions after it
 # (experiments/mechanisms.py), these.
 EMERGENCE_FILE = "emergence.csv"

@@ -29,7 +29,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mecheval.errors import ConfigError
-from mecheval.training.folder import TENSORBOARD_DIR, WANDB_DIR
+
+#: The trackers' folders in a run folder (folder.py lists every name a run folder holds).
+TENSORBOARD_DIR = "tensorboard"
+WANDB_DIR = "wandb"  # W&B's own name for the folder it writes under ``dir``
 
 #: Tracker name -> the module it needs and the extra that installs it.
 TRACKERS: dict[str, tuple[str, str]] = {

@@ -151,9 +151,19 @@ def test_the_seed_agreement_counts_fragile_labels_apart() -> None:
             "seed": [0, 1, 2, 0],
             "mechanism": ["direct retrieval, layer 0"] * 3 + ["induction"],
             "fragile": ["query 52 % [44, 60]", None, None, "value 55 % [45, 66]"],
+            "role": ["query", "query", "query", "value"],
+            "recovered": [{"query": q, "key": 0.1} for q in (0.52, 0.7, 0.9)] + [{"value": 0.55}],
         }
     )
     agreement = seed_agreement(summary).set_index("cell")
+    # The deciding fraction over the seeds: its mean, and the interval of the mean with the
+    # seeds resampled (by a loop over the same draws here).
+    values = np.array([0.52, 0.7, 0.9])
+    draws = Bootstrap().draws(3)
+    means = [sum(values[i] for i in draw) / 3 for draw in draws]
+    low, high = np.quantile(means, [0.025, 0.975])
+    assert agreement.loc["m", "over seeds"] == f"query 71 % [{100 * low:.0f}, {100 * high:.0f}]"
+    assert agreement.loc["a", "over seeds"] == ""  # one seed: no interval over seeds
     assert agreement.loc["m", "agreement"] == "direct retrieval, layer 0 3/3 (1 of them fragile)"
     assert agreement.loc["m", "labels"].startswith("s0: direct retrieval, layer 0 (fragile) · ")
     assert agreement.loc["a", "agreement"] == "induction (one seed, fragile)"

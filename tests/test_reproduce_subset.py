@@ -169,10 +169,11 @@ def test_labels_over_seeds_count_their_agreement() -> None:
         }
     )
     table = seed_agreement(summary)
+    # No deciding role in this summary: no fraction over the seeds (tests/test_intervals.py).
     assert table.values.tolist() == [
-        ["mamba", "mamba", "s0: induction · s1: unclear · s2: induction", "induction 2/3"],
-        ["h3", "h3", "s0: induction", "induction (one seed)"],
-        ["based", "based", "s0: induction · s1: unclear", "split (induction 1, unclear 1)"],
+        ["mamba", "mamba", "s0: induction · s1: unclear · s2: induction", "induction 2/3", ""],
+        ["h3", "h3", "s0: induction", "induction (one seed)", ""],
+        ["based", "based", "s0: induction · s1: unclear", "split (induction 1, unclear 1)", ""],
     ]
 
 

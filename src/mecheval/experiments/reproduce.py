@@ -111,7 +111,7 @@ def mechanisms_markdown(experiment_dir: Path) -> str:
     summary = summary.sort_values(
         "architecture", key=lambda c: c.map(architecture_rank), kind="stable"
     )
-    shown = summary.drop(columns="seed")
+    shown = summary.drop(columns=["seed", "role", "recovered"], errors="ignore")
     if "fragile" in shown.columns:  # a fragile label says so, with the fraction that decides it
         fragile = shown.pop("fragile")
         shown["mechanism"] = [

@@ -386,7 +386,8 @@ def seed_agreement(summary: pd.DataFrame) -> pd.DataFrame:
             f"s{seed}: {label}{' (fragile)' if w else ''}"
             for seed, label, w in zip(seeds, labels, weak, strict=True)
         )
-        over_seeds = _fraction_over_seeds(runs, top)
+        # A tie has no commonest label, so no fraction that decides it.
+        over_seeds = "" if agreement.startswith("split") else _fraction_over_seeds(runs, top)
         rows.append((runs["architecture"].iloc[0], cell, by_seed, agreement, over_seeds))
     return pd.DataFrame(rows, columns=columns)
 

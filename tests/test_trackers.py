@@ -98,11 +98,13 @@ def test_a_tracker_changes_no_weight_and_no_metric(tmp_path, data) -> None:
     assert not (tmp_path / "plain" / TENSORBOARD_DIR).exists()
 
 
-def test_a_resumed_run_shows_each_step_once(tmp_path, data) -> None:
-    def crash_at_8(step, model, run_dir):
-        if step == 8:
-            raise Crash("simulated crash")
+def crash_at_8(step, model, run_dir):
+    """A callback that crashes the run at its step-8 evaluation."""
+    if step == 8:
+        raise Crash("simulated crash")
 
+
+def test_a_resumed_run_shows_each_step_once(tmp_path, data) -> None:
     run = tmp_path / "run"
     cfg = config(log="tensorboard", eval_every=2, checkpoint_every=4)
     with pytest.raises(Crash):
@@ -222,10 +224,6 @@ def test_wandb_logs_one_offline_run_per_run_with_the_metrics(tmp_path, data, fak
 def test_wandb_resumes_its_run_and_goes_online_where_configured(
     tmp_path, data, fake_wandb, monkeypatch
 ) -> None:
-    def crash_at_8(step, model, run_dir):
-        if step == 8:
-            raise Crash("simulated crash")
-
     run = tmp_path / "run"
     cfg = config(log="wandb", eval_every=2, checkpoint_every=4)
     with pytest.raises(Crash):

@@ -131,7 +131,8 @@ def with_overrides(spec: SweepSpec, values: Mapping[str, Any]) -> SweepSpec:
 def check_this_machine(planned: Sequence[ResolvedRun]) -> None:
     """Every planned run's device and trackers are on this machine (one ``error:`` line if
     not)."""
-    for run in planned:
+    # One run per (device, trackers) says it for all of them.
+    for run in {(run.device, tuple(run.cfg.training.log)): run for run in planned}.values():
         run.check_machine()
 
 

@@ -19,11 +19,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+#: Per (site, role): the mean restored likelihood and the fraction it recovers, each with
+#: its interval.
 INTERVAL_COLUMNS = [
     "site",
     "role",
+    "restored",
     "restored_low",
     "restored_high",
+    "recovered",
     "recovered_low",
     "recovered_high",
 ]
@@ -51,20 +55,22 @@ class Bootstrap:
 BOOTSTRAP = Bootstrap()
 
 
-def recovered_fraction(restored, original, corrupted):
-    """(r - c) / (o - c), 0 where the corruption removed nothing (o - c <= 1e-12); works on
-    floats and on arrays alike."""
-    gap = np.asarray(original - corrupted, dtype=np.float64)
+def recovered_fraction(restored, corrupted, gap):
+    """(r - c) / gap with gap = o - c, 0 where the corruption removed nothing (gap <= 1e-12):
+    the fraction the label reads; works on floats and on arrays alike."""
+    gap = np.asarray(gap, dtype=np.float64)
     safe = np.where(gap > 1e-12, gap, 1.0)
     return np.where(gap > 1e-12, (restored - corrupted) / safe, 0.0)
 
 
 def restore_intervals(per_example: pd.DataFrame, bootstrap: Bootstrap = BOOTSTRAP) -> pd.DataFrame:
     """Per (site, role) of ``per_example`` (the engine's ``InterchangeResult.per_example``:
-    doc, site, role, restored, original, corrupted): the interval of its mean restored
-    likelihood and of the fraction it recovers (:data:`INTERVAL_COLUMNS`)."""
+    doc, site, role, restored, original, corrupted): its mean restored likelihood and the
+    fraction it recovers, each with its interval (:data:`INTERVAL_COLUMNS`)."""
     if per_example.empty:
         return pd.DataFrame(columns=INTERVAL_COLUMNS)
+    columns = ["restored", "original", "corrupted"]
+    point = per_example.groupby(["site", "role"], sort=False)[columns].mean()
     groups = list(per_example.groupby(["site", "role"], sort=False))
     first = groups[0][1].sort_values("doc")
     docs = first["doc"].to_numpy()
@@ -77,8 +83,12 @@ def restore_intervals(per_example: pd.DataFrame, bootstrap: Bootstrap = BOOTSTRA
         if not np.array_equal(group["doc"].to_numpy(), docs):
             raise ValueError(f"per_example: {site} @ {role} measured other documents")
         restored = group["restored"].to_numpy(np.float64)[draws].mean(axis=1)
-        fraction = recovered_fraction(restored, original, corrupted)
-        rows.append((site, role, *bootstrap.bounds(restored), *bootstrap.bounds(fraction)))
+        fraction = recovered_fraction(restored, corrupted, original - corrupted)
+        r, o, c = point.loc[(site, role)]
+        rows.append(
+            (site, role, r, *bootstrap.bounds(restored))
+            + (float(recovered_fraction(r, c, o - c)), *bootstrap.bounds(fraction))
+        )
     return pd.DataFrame(rows, columns=INTERVAL_COLUMNS)
 
 
@@ -96,16 +106,12 @@ def interval_table(per_example: pd.DataFrame, bootstrap: Bootstrap = BOOTSTRAP) 
     """:func:`restore_intervals` as rows of the engine's table (condition "restored", site,
     role, metric, value), with each restore's recovered fraction beside its interval: the
     rows a run's interventions.csv and the results table carry."""
-    bounds = restore_intervals(per_example, bootstrap)
-    means = per_example.groupby(["site", "role"], sort=False)[["restored", "original", "corrupted"]]
-    point = means.mean()
     rows = []
-    for row in bounds.itertuples(index=False):
-        r, o, c = point.loc[(row.site, row.role)]
+    for row in restore_intervals(per_example, bootstrap).itertuples(index=False):
         values = (
             row.restored_low,
             row.restored_high,
-            float(recovered_fraction(r, o, c)),
+            row.recovered,
             row.recovered_low,
             row.recovered_high,
         )

@@ -65,7 +65,12 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from mecheval.interventions.intervals import BOOTSTRAP, Bootstrap, restore_intervals
+from mecheval.interventions.intervals import (
+    BOOTSTRAP,
+    Bootstrap,
+    recovered_fraction,
+    restore_intervals,
+)
 from mecheval.interventions.null import Null
 from mecheval.models.sites import last_layer_input, layer_site, state_site_layer
 from mecheval.tasks.readings import CANDIDATES_ONLY, RETRIEVAL, Readings
@@ -228,12 +233,12 @@ def _recovered(
     at ``site``."""
     at_site = likelihood[(likelihood.condition == "restored") & (likelihood.site == site)]
     restored = {r: float(v) for r, v in zip(at_site.role, at_site.value, strict=True)}
-    recovered = {r: _fraction(v, corrupted, gap) for r, v in restored.items() if r in labelled}
+    recovered = {
+        r: float(recovered_fraction(v, corrupted, gap))
+        for r, v in restored.items()
+        if r in labelled
+    }
     return restored, recovered
-
-
-def _fraction(restored: float, corrupted: float, gap: float) -> float:
-    return (restored - corrupted) / gap if gap > 1e-12 else 0.0
 
 
 def _best_state(
@@ -251,7 +256,7 @@ def _best_state(
         return None
     states.sort(key=lambda s: state_site_layer(s[0]) or 0)
     site, value = max(states, key=lambda s: s[1])
-    return site, value, _fraction(value, corrupted, gap)
+    return site, value, float(recovered_fraction(value, corrupted, gap))
 
 
 def candidates_only(

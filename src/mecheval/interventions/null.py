@@ -21,12 +21,7 @@ import pandas as pd
 import torch
 
 from mecheval.interventions.engine import interchange
-from mecheval.interventions.intervals import (
-    BOOTSTRAP,
-    Bootstrap,
-    recovered_fraction,
-    restore_intervals,
-)
+from mecheval.interventions.intervals import BOOTSTRAP, Bootstrap, restore_intervals
 from mecheval.interventions.result import InterchangeResult
 from mecheval.models.backbone import LanguageModel
 from mecheval.tasks.batch import Batch
@@ -116,13 +111,11 @@ def null_at_sites(per_example: pd.DataFrame, bootstrap: Bootstrap = BOOTSTRAP) -
     if nulls.empty:
         return {}
     bounds = restore_intervals(nulls, bootstrap)
-    found = {}
-    for site, rows in nulls.groupby("site", sort=False):
-        means = rows.groupby("role", sort=False)[["restored", "original", "corrupted"]].mean()
-        fractions = recovered_fraction(means.restored, means.original, means.corrupted)
-        found[str(site)] = Null(
-            likelihood=float(means.restored.mean()),
-            recovered=float(fractions.mean()),
-            high=float(bounds[bounds.site == site].recovered_high.max()),
+    return {
+        str(site): Null(
+            likelihood=float(draws.restored.mean()),
+            recovered=float(draws.recovered.mean()),
+            high=float(draws.recovered_high.max()),
         )
-    return found
+        for site, draws in bounds.groupby("site", sort=False)
+    }

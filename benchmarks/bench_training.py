@@ -6,8 +6,11 @@ Three ways to do the same K x steps optimizer steps of AR training, timed in the
 
 * ``naive``: one model at a time, logits at every position ([B, T, V]) and a cross-entropy
   masked to the answer (what a generic LM training loop computes);
-* ``single``: one model at a time with the Trainer's own step (logits at the query only,
-  ``metrics.answer_loss``);
+* ``single``: one model at a time, each as a lone run trains: on a GPU a stack of one whose
+  step is replayed as a CUDA graph (training/stacking/group.py), elsewhere the Trainer's own
+  step (logits at the query only, ``metrics.answer_loss``);
+* ``trainer``: one model at a time with the Trainer's own step, eagerly, on every device
+  (only with ``--modes``; on a GPU, what a lone run's graph replaces);
 * ``group``: the K models stacked and trained by ``GroupTrainer.train_step`` (one vmapped
   forward/backward, stacked AdamW, per-model clipping), each on its own data order; on a GPU
   its step is replayed as a CUDA graph (training/stacking/captured.py);
@@ -18,7 +21,8 @@ Three ways to do the same K x steps optimizer steps of AR training, timed in the
 (``torch.utils.flop_counter``) and the rate the group reaches against a float32 matmul timed
 on the same device in the same run (4096^3 on a GPU, 1024^3 on a CPU).
 
-Ratios ``single/naive`` and ``group/single`` are throughput ratios (> 1: faster). With
+Ratios ``single/naive``, ``single/trainer`` and ``group/single`` are throughput ratios (> 1:
+faster). The one-at-a-time ways time the first ``--alone`` of the K models (default: all). With
 ``--memory`` each way runs in a process of its own and its peak memory is printed too: the
 growth of the process's peak RSS over its state before the first model (CPU), or
 ``torch.cuda.max_memory_allocated`` (CUDA), so a stack's cost in memory shows beside its
@@ -32,6 +36,8 @@ run the paper preset's steps, trained one at a time vs in stacks of K.
     python benchmarks/bench_training.py --paper --widths 64 128 256 --steps 10 [--memory]
     python benchmarks/bench_training.py --paper --widths 64 --device cuda --group 7 \
         --modes single group eager --warmup 5 --flops
+    python benchmarks/bench_training.py --paper --widths 64 --device cuda --group 49 \
+        --alone 3 --modes single trainer group --steps 30 --warmup 5
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ from mecheval.tasks import Batch, build_datasets
 from mecheval.training import resolve, total_steps
 from mecheval.training.config import RunConfig, config_from_data
 from mecheval.training.presets import preset
+from mecheval.training.stacking.captured import graphs_enabled
 from mecheval.training.stacking.group import GroupTrainer
 from mecheval.training.trainer import Trainer
 
@@ -101,8 +108,16 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def time_alone(cfgs, data, folder: Path, args) -> float:
+    """Seconds for steps x len(cfgs) model-steps, each model as a lone run trains."""
+    if not graphs_enabled(torch.device(args.device)):
+        return time_one_at_a_time(cfgs, data, folder, args, naive=False)
+    return sum(time_group([cfg], data, folder / f"a{k}", args) for k, cfg in enumerate(cfgs))
+
+
 def time_one_at_a_time(cfgs, data, folder: Path, args, naive: bool) -> float:
-    """Seconds for steps x K model-steps, one model after another."""
+    """Seconds for steps x len(cfgs) model-steps, one model after another, each with the
+    Trainer's eager step (or the naive one)."""
     total = 0.0
     for k, cfg in enumerate(cfgs):
         trainer = Trainer(cfg, data, folder / f"{'n' if naive else 's'}{k}")
@@ -153,7 +168,8 @@ def step_flops(cfg: RunConfig, data, folder: Path) -> int:
     return counter.get_total_flops()
 
 
-MODES = ("naive", "single", "group", "eager")
+MODES = ("naive", "single", "trainer", "group", "eager")
+ALONE = ("naive", "single", "trainer")  # the ways that train one model at a time
 
 
 def measure(mode: str, arch: str, d: int, args: argparse.Namespace, folder: Path) -> dict:
@@ -166,8 +182,10 @@ def measure(mode: str, arch: str, d: int, args: argparse.Namespace, folder: Path
         torch.cuda.reset_peak_memory_stats()
     if mode in ("group", "eager"):
         seconds = time_group(cfgs, data, folder, args, graph=mode == "group")
+    elif mode == "single":
+        seconds = time_alone(cfgs[: args.alone], data, folder, args)
     else:
-        seconds = time_one_at_a_time(cfgs, data, folder, args, naive=mode == "naive")
+        seconds = time_one_at_a_time(cfgs[: args.alone], data, folder, args, mode == "naive")
     peak_mb = float("nan")
     if args.memory and args.device.startswith("cuda"):
         peak_mb = torch.cuda.max_memory_allocated() / 2**20
@@ -192,6 +210,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=None, help="default: 32, as in the paper")
     parser.add_argument("--group", type=int, default=5, help="K models per group")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per model")
+    parser.add_argument(
+        "--alone", type=int, default=None, help="models timed one at a time (default: K)"
+    )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
@@ -219,13 +240,16 @@ def main() -> None:
             print(json.dumps(measure(mode, arch, int(d), args, Path(tmp))))
         return
     archs = args.arch or sorted(ARCHITECTURES)
-    modes = args.modes or [m for m in MODES[:3] if not (m == "naive" and args.no_naive)]
+    default = ("single", "group") if args.no_naive else ("naive", "single", "group")
+    modes = args.modes or list(default)
+    args.alone = min(args.alone or args.group, args.group)
     if "single" not in modes or "group" not in modes:
         parser.error("--modes: expected at least single and group")
     card = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
     print(
         f"AR training, 2 layers, vocab={args.vocab}, {args.pairs} pairs, B={args.batch}, "
-        f"K={args.group}, {args.steps} timed steps per model, {args.threads} thread(s), "
+        f"K={args.group} ({args.alone} one at a time), {args.steps} timed steps per model, "
+        f"{args.threads} thread(s), "
         f"{args.device} ({card}); throughput in model-steps/s"
         + ("; peak memory in MB, each way in its own process" if args.memory else "")
     )
@@ -237,6 +261,7 @@ def main() -> None:
     # (title, width) of each column after architecture, d and parameters
     columns = [(m, 8) for m in modes] + [("group/single", 13)]
     columns += [("single/naive", 13)] if "naive" in modes else []
+    columns += [("single/trainer", 15)] if "trainer" in modes else []
     columns += [("graph/eager", 12)] if "eager" in modes else []
     columns += [("MFLOP", 8), ("% matmul", 9)] if args.flops else []
     columns += [(f"MB {m}", 10) for m in modes] if args.memory else []
@@ -254,14 +279,18 @@ def main() -> None:
                     rows = {m: measure_apart(m, arch, d, sys.argv[1:]) for m in modes}
                 else:
                     rows = {m: measure(m, arch, d, args, folder) for m in modes}
-                work = args.group * args.steps
-                speed = {m: work / rows[m]["seconds"] for m in modes}
+                speed = {
+                    m: (args.alone if m in ALONE else args.group) * args.steps / rows[m]["seconds"]
+                    for m in modes
+                }
                 single, group = speed["single"], speed["group"]
                 cfg = configs(args, arch, d)[0]
                 n = count_parameters(build_model(cfg.model))
                 cells = [f"{speed[m]:.1f}" for m in modes] + [f"{group / single:.2f}"]
                 if "naive" in modes:
                     cells.append(f"{single / speed['naive']:.2f}")
+                if "trainer" in modes:
+                    cells.append(f"{single / speed['trainer']:.2f}")
                 if "eager" in modes:
                     cells.append(f"{group / speed['eager']:.2f}")
                 if args.flops:

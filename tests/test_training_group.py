@@ -592,3 +592,62 @@ def test_cuda_graph_step_equals_eager_step(tmp_path: Path, data, arch: str, monk
     assert eager.captured is None
     for name, p in eager.params.items():
         torch.testing.assert_close(graphed.params[name], p, rtol=0, atol=0, msg=name)
+
+
+# ---------------------------------------------------------------------------- a lone run
+
+
+def test_lone_run_on_a_cpu_trains_with_the_single_run_trainer(
+    tmp_path: Path, data, spy: StackSpy
+) -> None:
+    """Where no CUDA graph replays its step, a lone run is train_run()'s: nothing stacked."""
+    spied_group(spy, [config(lr=3e-3)], [tmp_path / "g0"], datasets=data)
+    assert spy.stacked == [] and spy.fallback == [tmp_path / "g0"]
+
+
+def test_lone_run_whose_step_replays_trains_as_a_stack_of_one(
+    tmp_path: Path, data, spy: StackSpy, monkeypatch
+) -> None:
+    """Where its step would be replayed as a CUDA graph, a lone run trains as a stack of one
+    (the captured step is the stack's) and leaves the folder train() leaves alone. Here on
+    the CPU, eagerly: that the replay equals the eager step is held on CUDA below."""
+    monkeypatch.setattr(group_module, "graphs_enabled", lambda device: True)
+    monkeypatch.setattr(GroupTrainer, "replays", property(lambda self: True))
+    cfg = config("mamba", lr=3e-3, seed=1)
+    statuses, _ = run_both(tmp_path, [cfg], data, spy)
+    assert statuses[0]["state"] == "done"
+    spy.assert_stacked(total_steps(resolve(cfg)), [1] * total_steps(resolve(cfg)))
+    assert_same_run(tmp_path / "g0", tmp_path / "s0")
+
+
+def test_lone_run_whose_stack_would_not_replay_trains_alone(
+    tmp_path: Path, data, spy: StackSpy, monkeypatch
+) -> None:
+    """A stack of one that would step eagerly (bf16, documents of varying width, graphs off)
+    gains nothing over the single-run trainer: the run trains alone."""
+    monkeypatch.setattr(group_module, "graphs_enabled", lambda device: True)
+    spied_group(spy, [config(lr=3e-3)], [tmp_path / "g0"], datasets=data)
+    assert spy.stacked == [] and spy.fallback == [tmp_path / "g0"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_cuda_lone_run_replays_its_step(
+    tmp_path: Path, data, arch: str, spy: StackSpy, monkeypatch
+) -> None:
+    """On a GPU a lone run's step is captured and replayed (a stack of one), and the run
+    leaves the folder the eager single-run trainer leaves, to float32 tolerance."""
+    cfg = config(arch, lr=3e-3, seed=0, steps=12, eval_every=6, device="cuda")
+    replayed: list[bool] = []
+    run = GroupTrainer.run
+
+    def spying_run(self, *args, **kwargs):
+        run(self, *args, **kwargs)
+        replayed.append(self.captured is not None and self.captured.replaying)
+
+    monkeypatch.setattr(GroupTrainer, "run", spying_run)
+    spied_group(spy, [cfg], [tmp_path / "g0"], datasets=data)
+    assert replayed == [True] and spy.fallback == []
+    monkeypatch.setenv("MECHEVAL_CUDA_GRAPH", "0")
+    train(cfg, tmp_path / "s0", datasets=data)
+    assert_same_run(tmp_path / "g0", tmp_path / "s0")

@@ -117,11 +117,14 @@ def _train(run, callbacks: list, quiet: bool) -> dict:
     """Train the run; a Ctrl-C or SIGTERM exits 130 / 143 with where to resume."""
     from mecheval.cli.run_progress import run_reporter
     from mecheval.training.folder import peek_status
-    from mecheval.training.run import Terminated, stop_on_sigterm, train_run
+    from mecheval.training.run import Terminated, stop_on_sigterm
+    from mecheval.training.stacking.group import train_runs
 
     try:
         with stop_on_sigterm():
-            return train_run(run, callbacks, reporter=run_reporter(run.cfg.name, quiet))
+            # A lone run: on a GPU its step is replayed as a CUDA graph (a stack of one).
+            reporter = run_reporter(run.cfg.name, quiet)
+            return train_runs([run], callbacks=callbacks, reporter_for=lambda _: reporter)[0]
     except KeyboardInterrupt as err:
         step = (peek_status(run.run_dir) or {}).get("step", 0)
         print(f"interrupted: {run.run_dir} at step {step}; run again to resume", file=sys.stderr)

@@ -120,7 +120,6 @@ def execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
 
 
 def _execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
-    from mecheval.training.run import train_run
     from mecheval.training.stacking.group import train_runs
     from mecheval.training.threads import set_torch_threads
 
@@ -139,16 +138,12 @@ def _execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
     def train_some(indices: Sequence[int]) -> str:
         """Train these runs of the group; the crash that stopped them ("" if none)."""
         try:
-            if len(indices) == 1:  # nothing to stack: the single-run trainer
-                run = runs[indices[0]]
-                train_run(run, callbacks, reporter=reporter([run.cfg]) if reporter else None)
-            else:
-                train_runs(
-                    [runs[i] for i in indices],
-                    callbacks=callbacks,
-                    max_group=len(indices),
-                    reporter_for=reporter,
-                )
+            train_runs(
+                [runs[i] for i in indices],
+                callbacks=callbacks,
+                max_group=len(indices),
+                reporter_for=reporter,
+            )
         except Exception as err:  # a crash of one group must not end the sweep
             return crash_text(err)
         return ""

@@ -72,6 +72,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from mecheval.training.checkpoint import CorruptCheckpoint, checkpoint_step, has_checkpoint
 from mecheval.training.config import RunConfig
 from mecheval.training.folder import RunFolder
@@ -79,6 +81,7 @@ from mecheval.training.provenance import documents_fingerprint, fingerprint
 from mecheval.training.reporter import ReporterFactory, null_reporter
 from mecheval.training.resolved import ResolvedRun
 from mecheval.training.run import crash_reason, train_run
+from mecheval.training.stacking.captured import graphs_enabled
 from mecheval.training.stacking.group_trainer import GroupTrainer
 from mecheval.training.stacking.grouping import group_key, groupable
 from mecheval.training.threads import torch_threads
@@ -115,7 +118,8 @@ def _train_members(
             for run in runs
         ]
 
-    if len(runs) == 1 or not use_vmap:
+    alone = len(runs) == 1
+    if not use_vmap or (alone and not graphs_enabled(torch.device(runs[0].device))):
         return one_by_one()
     folders = [run.folder() for run in runs]
     with contextlib.ExitStack() as held:
@@ -124,7 +128,9 @@ def _train_members(
         group = _stack(
             [run.cfg for run in runs], datasets, folders, callbacks, reporter_for, resume
         )
-        if group is not None:
+        # A lone run stacks only to be replayed as a CUDA graph: unreplayed, a stack of one
+        # is the single-run trainer's step with extra work.
+        if group is not None and (group.replays or not alone):
             return _train_stack(group, folders)
     return one_by_one()
 
@@ -150,7 +156,11 @@ def _stack(
     if error is not None:
         warnings.warn(
             f"train_group: {cfgs[0].model.architecture} cannot be vmapped ({error}); "
-            f"training its {len(cfgs)} runs one at a time",
+            + (
+                "training it eagerly (no CUDA graph)"
+                if len(cfgs) == 1
+                else f"training its {len(cfgs)} runs one at a time"
+            ),
             RuntimeWarning,
             stacklevel=4,
         )

@@ -101,6 +101,11 @@ class GroupTrainer:
         self._width = 0
         self._gradient_functions()
 
+    @property
+    def replays(self) -> bool:
+        """Whether the step is (to be) replayed as a CUDA graph."""
+        return self._capture
+
     def _gradient_functions(self) -> None:
         """Each member's gradient and loss, vmapped over the stack: at the query; at extra
         query positions shared by every member; at every answer of a document, per member."""
@@ -335,7 +340,7 @@ class GroupTrainer:
                 if self.captured.failed is not None:
                     self._capture = False  # the rest of the run steps eagerly, as it just did
                     self.reporter.warn(
-                        f"{self.cfgs[0].model.architecture}: the stacked step could not be "
+                        f"{self.cfgs[0].model.architecture}: the training step could not be "
                         f"captured as a CUDA graph ({self.captured.failed}); training it eagerly"
                     )
             else:

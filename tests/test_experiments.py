@@ -454,7 +454,7 @@ def test_a_grouped_sweep_equals_one_run_at_a_time(tmp_path, monkeypatch) -> None
 def test_a_sweep_resolves_each_run_once_and_trains_a_lone_run_alone(tmp_path, monkeypatch) -> None:
     """One resolution per run, where it is planned (each builds the model on the meta
     device); the worker, the run folder, the trainer and the interventions read the
-    resolved record. A run with nothing to stack goes to the single-run trainer."""
+    resolved record. A run with nothing to stack, on a CPU, goes to the single-run trainer."""
     from mecheval.training import config as config_module
     from mecheval.training.stacking import group
 
@@ -466,10 +466,10 @@ def test_a_sweep_resolves_each_run_once_and_trains_a_lone_run_alone(tmp_path, mo
         return check_buildable(model, length)
 
     def no_stacking(*args, **kwargs):
-        raise AssertionError("a lone run went through the stacking code")
+        raise AssertionError("a lone run on a CPU was stacked")
 
     monkeypatch.setattr(config_module, "check_buildable", counting)
-    monkeypatch.setattr(group, "train_runs", no_stacking)
+    monkeypatch.setattr(group, "GroupTrainer", no_stacking)
     spec = tiny_spec()
     plan = InterventionPlan(sites=("layers.0.input",), roles=("value",), n_docs=8)
     outcomes = run_sweep(spec, tmp_path, group_size=1, plan=plan)

@@ -225,3 +225,48 @@ def test_cuda_stacks_side_by_side_on_streams_equal_one_worker(tmp_path) -> None:
     assert _files(tmp_path / "alone", "model.safetensors") == _files(
         tmp_path / "side", "model.safetensors"
     )
+
+
+def test_lone_runs_on_one_card_train_one_after_another(tmp_path, monkeypatch) -> None:
+    """A sweep of lone runs on one card, where their steps replay, runs them in this
+    process one after another (side by side they would train eagerly), whatever --workers;
+    stacks among them keep the threads."""
+    jobs = runners.make_jobs(SPEC, tmp_path, 2, None, False, None)
+    for job in jobs:
+        job.config["training"]["device"] = "cuda:0"
+    executed, beside = [], []
+
+    def execute_group(group, sink):
+        executed.append([job.name for job in group])
+        return []
+
+    def run_side_by_side(groups, workers, on_progress):
+        beside.append((len(groups), workers))
+        return [[] for _ in groups]
+
+    monkeypatch.setattr(pool, "execute_group", execute_group)
+    monkeypatch.setattr(pool, "run_side_by_side", run_side_by_side)
+    monkeypatch.setattr(pool, "in_job_order", lambda jobs, groups, results: results)
+    monkeypatch.setattr(pool, "graphs_enabled", lambda device: True)
+    pool.run_local(jobs, 3, None, 1)
+    assert executed == [[job.name] for job in jobs] and beside == []
+    pool.run_local(jobs, 3, None, 2)  # stacks of two: side by side
+    assert beside == [(3, 3)]
+    monkeypatch.setattr(pool, "graphs_enabled", lambda device: False)  # MECHEVAL_CUDA_GRAPH=0
+    executed.clear()
+    pool.run_local(jobs, 3, None, 1)
+    assert executed == [] and beside == [(3, 3), (6, 3)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_more_stacks_than_threads_equal_one_worker(tmp_path) -> None:
+    """Threads that each train several captured stacks in turn (a graph freed and another
+    captured while the other threads' graphs replay) leave what one worker leaves."""
+    base = {**SPEC.base, "training": {**SPEC.base["training"], "device": "cuda"}}
+    spec = SweepSpec(name="c", base=base, grid=SPEC.grid)
+    alone = runners.run_sweep(spec, tmp_path / "alone", group_size=2)
+    side = runners.run_sweep(spec, tmp_path / "side", group_size=2, workers=2)
+    assert [(o.name, o.state) for o in side] == [(o.name, o.state) for o in alone]
+    assert _files(tmp_path / "alone", "model.safetensors") == _files(
+        tmp_path / "side", "model.safetensors"
+    )

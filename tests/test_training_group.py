@@ -28,6 +28,7 @@ from mecheval.training.stacking.group import GroupTrainer, groupable, train_grou
 from mecheval.training.stacking.stack_feed import StackedBatches
 from mecheval.training.stacking.stacked import StackedAdamW, clip_grad_norms_, pad_stack
 from mecheval.training.trainer import Trainer
+from mecheval.training.turns import Baton
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -651,3 +652,19 @@ def test_cuda_lone_run_replays_its_step(
     monkeypatch.setenv("MECHEVAL_CUDA_GRAPH", "0")
     train(cfg, tmp_path / "s0", datasets=data)
     assert_same_run(tmp_path / "g0", tmp_path / "s0")
+
+
+def test_lone_run_side_by_side_trains_alone(
+    tmp_path: Path, data, spy: StackSpy, monkeypatch
+) -> None:
+    """A lone run in a thread taking turns with others on one card trains with the
+    single-run trainer even where its step would replay (see _train_members)."""
+    monkeypatch.setattr(group_module, "graphs_enabled", lambda device: True)
+    monkeypatch.setattr(GroupTrainer, "replays", property(lambda self: True))
+    baton = Baton()
+    baton.take()
+    try:
+        spied_group(spy, [config(lr=3e-3)], [tmp_path / "g0"], datasets=data)
+    finally:
+        baton.give()
+    assert spy.stacked == [] and spy.fallback == [tmp_path / "g0"]

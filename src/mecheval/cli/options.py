@@ -14,7 +14,8 @@ Workers = Annotated[
     int,
     typer.Option(
         help="local worker processes (torch threads split); where every run trains on one GPU, "
-        "threads of this process that train their groups side by side on it"
+        "threads of this process that train their groups side by side on it (a sweep of "
+        "lone runs there trains them one after another, each step replayed as a CUDA graph)"
     ),
 ]
 Backend = Annotated[str, typer.Option(help="local | ray")]

@@ -70,6 +70,11 @@ class Baton:
             raise self.stop()
 
 
+def taking_turns() -> bool:
+    """Whether this thread runs side by side with others (holds a baton)."""
+    return getattr(_local, "baton", None) is not None
+
+
 def pass_turn() -> None:
     """Hand the baton on if this thread holds one (see the module docstring)."""
     baton: Baton | None = getattr(_local, "baton", None)

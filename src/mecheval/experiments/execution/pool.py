@@ -18,6 +18,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from contextlib import suppress
 from typing import Any
 
+import torch
+
 from mecheval.experiments.execution.jobs import (
     CallbackSink,
     Job,
@@ -30,6 +32,14 @@ from mecheval.experiments.execution.jobs import (
 from mecheval.experiments.execution.scheduling import group_jobs, in_job_order, longest_first
 from mecheval.experiments.execution.side_by_side import on_one_gpu, run_side_by_side
 from mecheval.training.run import Terminated, raise_interrupt, stop_on_sigterm
+from mecheval.training.stacking.captured import graphs_enabled
+
+
+def lone_runs_replay(groups: Sequence[Sequence[Job]]) -> bool:
+    """Whether every group is a lone run on a device where its step would be replayed."""
+    return all(len(group) == 1 for group in groups) and all(
+        graphs_enabled(torch.device(group[0].device)) for group in groups
+    )
 
 
 def run_local(
@@ -39,6 +49,10 @@ def run_local(
     group_size: int = 1,
 ) -> list[Outcome]:
     groups = group_jobs(jobs, group_size)
+    if workers > 1 and on_one_gpu(jobs) and lone_runs_replay(groups):
+        # Side by side a lone run trains eagerly (see stacking/group.py); one after another
+        # its step is replayed as a CUDA graph, several times faster on a card.
+        workers = 1
     if workers <= 1:
         sink = CallbackSink(on_progress) if on_progress else None
         with stop_on_sigterm():

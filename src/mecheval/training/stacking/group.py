@@ -86,6 +86,7 @@ from mecheval.training.stacking.group_trainer import GroupTrainer
 from mecheval.training.stacking.grouping import group_key, groupable
 from mecheval.training.threads import torch_threads
 from mecheval.training.trainer import Callback
+from mecheval.training.turns import taking_turns
 
 # Probe outcomes per group key (None: vmaps), so a sweep probes each shape once per process.
 _PROBED: dict[str, str | None] = {}
@@ -119,7 +120,11 @@ def _train_members(
         ]
 
     alone = len(runs) == 1
-    if not use_vmap or (alone and not graphs_enabled(torch.device(runs[0].device))):
+    # Side by side on one card, a lone run's captured step trained wrongly on an H200 (quick
+    # AR: no architecture but DeltaNet learned), where alone it trains as the eager step does.
+    if alone and (not graphs_enabled(torch.device(runs[0].device)) or taking_turns()):
+        return one_by_one()
+    if not use_vmap:
         return one_by_one()
     folders = [run.folder() for run in runs]
     with contextlib.ExitStack() as held:

@@ -29,7 +29,7 @@ from mecheval.errors import ConfigError
 from mecheval.models.config import ModelConfig
 from mecheval.models.mixers.base import Mixer
 from mecheval.models.mixers.modules import ShortConv
-from mecheval.models.registry import get_architecture, parse_options
+from mecheval.models.registry import Architecture, get_architecture, parse_options
 from mecheval.models.sites import Site, name_sites
 
 RESIDUAL_OUT_NAMES = ("out_proj", "fc2")
@@ -118,25 +118,37 @@ class FinalNorm(nn.Module):
         return self.norm(x)
 
 
-def switched_options(config: ModelConfig) -> dict:
-    """The mixer options with the short-convolution switch applied: ``model.short_conv`` sets
-    the option that sizes the architecture's own short convs (``Architecture.short_conv``;
-    'none' -> null); an architecture without one gets a conv on its input instead (see
-    :class:`LanguageModel`), and one that refuses the switch is an error."""
+def switched_options(
+    config: ModelConfig, arch: Architecture, options: dict, field: str = "model.mixer"
+) -> dict:
+    """A layer's mixer ``options`` (named ``field`` in messages) with the short-convolution
+    switch applied: ``model.short_conv`` sets the option that sizes the architecture's own
+    short convs (``Architecture.short_conv``; 'none' -> null); an architecture without one
+    gets a conv on its input instead (see :class:`LanguageModel`), and one that refuses the
+    switch is an error."""
     switch = config.short_conv
     if switch is None:
-        return config.mixer
-    arch = get_architecture(config.architecture)
+        return options
     if arch.no_conv_switch:
         raise ConfigError(f"model.short_conv: {arch.name} {arch.no_conv_switch}")
     if arch.short_conv is None:
-        return config.mixer
-    if arch.short_conv in config.mixer:
+        return options
+    if arch.short_conv in options:
         raise ConfigError(
             f"model.short_conv: {arch.name} sizes its short conv with "
-            f"model.mixer.{arch.short_conv}, which is set too; set one of the two"
+            f"{field}.{arch.short_conv}, which is set too; set one of the two"
         )
-    return {**config.mixer, arch.short_conv: None if switch == "none" else switch}
+    return {**options, arch.short_conv: None if switch == "none" else switch}
+
+
+def layer_architectures(config: ModelConfig) -> list[Architecture]:
+    """Each layer's registered architecture (the same one for all but a hybrid's)."""
+    return [
+        get_architecture(name, field.removesuffix(".mixer") + ".architecture")
+        if config.layers is not None
+        else get_architecture(name)
+        for name, _, field in config.layer_specs()
+    ]
 
 
 class LanguageModel(nn.Module):
@@ -147,23 +159,32 @@ class LanguageModel(nn.Module):
         super().__init__()
         if config.vocab_size is None:
             raise ConfigError("model.vocab_size: must be set (normally filled in from the task)")
-        arch = get_architecture(config.architecture)
+        archs = layer_architectures(config)
         positions = uses_position_embedding(config)
         if positions and config.max_len is None:
             raise ConfigError("model.max_len: must be set when position_embedding is on")
-        options = parse_options(config.architecture, switched_options(config))
+        options = [
+            parse_options(arch.name, switched_options(config, arch, opts, field), field)
+            for arch, (_, opts, field) in zip(archs, config.layer_specs(), strict=True)
+        ]
         self.config = config
         d = config.d_model
         self.embedding = nn.Embedding(config.vocab_size, d)
         self.position = nn.Embedding(config.max_len, d) if positions else None
         try:
-            mixers = [arch.build(i, d, options) for i in range(config.n_layers)]
+            mixers = [
+                arch.build(i, d, opts)
+                for i, (arch, opts) in enumerate(zip(archs, options, strict=True))
+            ]
         except ValueError as err:
             raise ConfigError(str(err)) from None
-        if isinstance(config.short_conv, int) and arch.short_conv is None:
-            for mixer in mixers:
+        # Every conv before any block: the order in which the default inits draw.
+        for arch, mixer in zip(archs, mixers, strict=True):
+            if isinstance(config.short_conv, int) and arch.short_conv is None:
                 mixer.short_conv = ShortConv(d, config.short_conv)
-        self.layers = nn.ModuleList(Block(d, m, arch.mlp, arch.norm) for m in mixers)
+        self.layers = nn.ModuleList(
+            Block(d, mixer, arch.mlp, arch.norm) for arch, mixer in zip(archs, mixers, strict=True)
+        )
         self.final_norm = FinalNorm(d)
         self.reset_parameters()
         name_sites(self)
@@ -176,11 +197,15 @@ class LanguageModel(nn.Module):
         return self.embedding.weight.device
 
     def reset_parameters(self) -> None:
+        """Each block by its own architecture's init (a hybrid's blocks differ); the
+        embeddings are drawn alike by both."""
         std = self.config.init_std
         n_layers = self.config.n_layers
-        arch = get_architecture(self.config.architecture)
-        residual_branches = 2 if arch.mlp else 1
+        archs = layer_architectures(self.config)
         for name, module in self.named_modules():
+            parts = name.split(".")
+            arch = archs[int(parts[1]) if parts[0] == "layers" and len(parts) > 1 else 0]
+            residual_branches = 2 if arch.mlp else 1
             if isinstance(module, nn.Linear):
                 residual_out = name.rsplit(".", 1)[-1] in RESIDUAL_OUT_NAMES
                 if arch.init == "mamba":
@@ -229,7 +254,8 @@ def uses_position_embedding(config: ModelConfig) -> bool:
     """``model.position_embedding``, or where unset its architecture's default."""
     if config.position_embedding is not None:
         return config.position_embedding
-    return get_architecture(config.architecture).position_embedding
+    # A hybrid: on only where every layer's architecture has it on.
+    return all(arch.position_embedding for arch in layer_architectures(config))
 
 
 def build_model(config: ModelConfig) -> LanguageModel:

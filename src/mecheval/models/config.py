@@ -1,10 +1,30 @@
-"""The model half of a run config: backbone shape plus architecture-specific mixer options."""
+"""The model half of a run config: backbone shape plus architecture-specific mixer options,
+one architecture for every layer or (``layers``) one per layer: a hybrid."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+#: how a hybrid's name joins its layers' architectures (``mamba+attention``)
+HYBRID_JOIN = "+"
+
+
+class LayerConfig(BaseModel):
+    """One layer of a hybrid: its architecture and that architecture's options."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    architecture: str = Field(description="a name from `mecheval models list`")
+    mixer: dict[str, Any] = Field(default_factory=dict, description="its options")
 
 
 class ModelConfig(BaseModel):
@@ -34,6 +54,66 @@ class ModelConfig(BaseModel):
         default_factory=dict,
         description="options of the chosen architecture (see its registry entry)",
     )
+    layers: list[LayerConfig] | None = Field(
+        None,
+        description="one entry per layer, a name or {architecture, mixer}: a hybrid. Sets "
+        "n_layers, and architecture to the names joined by '+'; options go per layer. Layers "
+        "all alike are n_layers layers of one architecture. Unset: n_layers of architecture",
+    )
+
+    @field_validator("layers", mode="before")
+    @classmethod
+    def _names_are_layers(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            return [{"architecture": x} if isinstance(x, str) else x for x in v]
+        return v
+
+    @field_validator("layers")
+    @classmethod
+    def _at_least_one_layer(
+        cls, v: list[LayerConfig] | None, info: ValidationInfo
+    ) -> list[LayerConfig] | None:
+        if v is None:
+            return v
+        if not 1 <= len(v) <= 64:
+            raise ValueError(f"expected 1 to 64 layers, got {len(v)}")
+        if info.data.get("mixer"):
+            raise ValueError(
+                "model.mixer is set too: a model with layers takes its options per layer "
+                "(model.layers.N.mixer)"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _layers_set_the_shape(self) -> ModelConfig:
+        if self.layers is None:
+            return self
+        # object.__setattr__: assignment would validate again (and recurse here)
+        object.__setattr__(self, "n_layers", len(self.layers))
+        first = self.layers[0]
+        if all(layer == first for layer in self.layers):
+            # Not a hybrid: the same config as n_layers layers of one architecture.
+            object.__setattr__(self, "architecture", first.architecture)
+            object.__setattr__(self, "mixer", dict(first.mixer))
+            object.__setattr__(self, "layers", None)
+            return self
+        joined = HYBRID_JOIN.join(layer.architecture for layer in self.layers)
+        object.__setattr__(self, "architecture", joined)
+        return self
+
+    def layer_specs(self) -> list[tuple[str, dict[str, Any], str]]:
+        """Each layer's (architecture, options, the options' field name for messages)."""
+        if self.layers is None:
+            return [(self.architecture, self.mixer, "model.mixer")] * self.n_layers
+        return [
+            (layer.architecture, layer.mixer, f"model.layers.{i}.mixer")
+            for i, layer in enumerate(self.layers)
+        ]
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether its layers differ (architecture or options)."""
+        return self.layers is not None
 
     @field_validator("short_conv")
     @classmethod

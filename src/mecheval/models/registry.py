@@ -27,6 +27,7 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from mecheval.errors import ConfigError, validate
+from mecheval.models.config import HYBRID_JOIN
 from mecheval.models.mixers.attention import Attention, AttentionOptions
 from mecheval.models.mixers.base import Mixer
 from mecheval.models.mixers.baseconv import BaseConvOptions, build_baseconv
@@ -131,6 +132,8 @@ def architecture(
             build = target
         else:
             raise TypeError(f"architecture {name!r}: expected a Mixer subclass or a builder")
+        if HYBRID_JOIN in name:
+            raise ValueError(f"architecture {name!r}: {HYBRID_JOIN!r} joins a hybrid's layers")
         doc = (target.__doc__ or "").strip().split("\n")[0]
         register(
             Architecture(
@@ -222,7 +225,8 @@ def available_architectures() -> list[str]:
     return list(ARCHITECTURES)
 
 
-def get_architecture(name: str) -> Architecture:
+def get_architecture(name: str, field: str = "model.architecture") -> Architecture:
+    """The registered architecture ``name``; a ConfigError naming ``field`` if none is."""
     if name not in ARCHITECTURES:
         discover()
     try:
@@ -230,13 +234,16 @@ def get_architecture(name: str) -> Architecture:
     except KeyError:
         known = ", ".join(sorted(ARCHITECTURES))
         raise ConfigError(
-            f"model.architecture: unknown {name!r} (expected one of: {known}; a custom "
+            f"{field}: unknown {name!r} (expected one of: {known}; a custom "
             "architecture needs --plugin FILE or an installed entry point)"
         ) from None
 
 
 def architecture_label(name: str) -> str:
-    """How reports name an architecture: its label, or the name itself if not registered."""
+    """How reports name an architecture: its label, or the name itself if not registered; a
+    hybrid's (``mamba+attention``) its layers' labels joined."""
+    if HYBRID_JOIN in name:
+        return HYBRID_JOIN.join(architecture_label(part) for part in name.split(HYBRID_JOIN))
     arch = ARCHITECTURES.get(name)
     return name if arch is None else arch.display
 
@@ -247,8 +254,9 @@ def architecture_rank(name: str) -> int:
     return order.index(name) if name in order else len(order)
 
 
-def parse_options(name: str, options: dict) -> BaseModel:
-    return validate(get_architecture(name).options, options, prefix="model.mixer")
+def parse_options(name: str, options: dict, field: str = "model.mixer") -> BaseModel:
+    """``options`` validated as architecture ``name``'s (errors name ``field``)."""
+    return validate(get_architecture(name).options, options, prefix=field)
 
 
 def _register_paper_architectures() -> None:

@@ -389,7 +389,11 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
 
 
 def config_to_data(cfg: RunConfig) -> dict[str, Any]:
-    return cfg.model_dump(mode="json")
+    data = cfg.model_dump(mode="json")
+    if data["model"].get("layers") is None:
+        # One architecture for every layer: written as before hybrids existed.
+        del data["model"]["layers"]
+    return data
 
 
 def dump_yaml(cfg: RunConfig) -> str:

@@ -1,0 +1,161 @@
+"""Hybrids: a model whose layers are of different architectures (``model.layers``).
+
+Layers all alike are the one-architecture config itself; a hybrid's blocks are each its own
+architecture's (mixer, options, MLP, norm, init); it trains, stacks, resumes from a
+checkpoint and from a prefix as a one-architecture model does; bad layers are one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from small_runs import config, run_cli
+
+from mecheval.errors import ConfigError
+from mecheval.interventions.patch import record
+from mecheval.interventions.prefix import prefix_cache, run_from
+from mecheval.models import ARCHITECTURES, ModelConfig, build_model
+from mecheval.models.mixers.attention import Attention
+from mecheval.models.mixers.mamba import Mamba
+from mecheval.models.registry import architecture_label
+from mecheval.models.sites import layer_site
+from mecheval.tasks import build_datasets
+from mecheval.training import read_status, resolve, train
+from mecheval.training.stacking.group import train_group
+
+
+def hybrid(layers: list, **model) -> ModelConfig:
+    return ModelConfig(d_model=16, vocab_size=11, max_len=13, layers=layers, **model)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_layers_all_alike_are_the_one_architecture_config(arch: str) -> None:
+    """The same resolved config (so the same run name, run folder and weights)."""
+    plain = resolve(config(arch, model={"n_layers": 3}))
+    listed = resolve(config(arch, model={"layers": [arch] * 3, "n_layers": 5}))
+    assert listed == plain and listed.model.layers is None
+    assert not listed.model.is_hybrid
+
+
+def test_a_hybrid_builds_each_layer_as_its_own_architecture() -> None:
+    cfg = hybrid(["mamba", {"architecture": "attention", "mixer": {"num_heads": 2}}, "mamba"])
+    assert (cfg.architecture, cfg.n_layers, cfg.is_hybrid) == ("mamba+attention+mamba", 3, True)
+    assert architecture_label(cfg.architecture) == "Mamba+Attention+Mamba"
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    mamba, attention, last = (layer for layer in model.layers)
+    assert isinstance(mamba.mixer, Mamba) and isinstance(last.mixer, Mamba)
+    assert isinstance(attention.mixer, Attention) and attention.mixer.num_heads == 2
+    # Mamba's blocks: RMSNorm and no MLP; attention's: LayerNorm and an MLP.
+    assert mamba.mlp is None and type(mamba.mixer_norm).__name__ == "RMSNorm"
+    assert attention.mlp is not None and isinstance(attention.mixer_norm, torch.nn.LayerNorm)
+    # Each block's init is its own architecture's: PyTorch's kaiming-uniform for Mamba's
+    # in_proj (std 1/sqrt(3 * 16) = 0.14), N(0, 0.02) for attention's projections.
+    assert 0.1 < float(mamba.mixer.in_proj.weight.detach().std()) < 0.2
+    assert 0.015 < float(attention.mixer.qkv.weight.detach().std()) < 0.025
+    # Positions are off unless every layer's architecture has them on.
+    assert model.position is None
+
+
+def test_a_hybrid_in_config_yaml_reads_back_as_itself(tmp_path: Path) -> None:
+    cfg = resolve(config(model={"layers": ["mamba", "attention"]}))
+    status = train(cfg, tmp_path / "run")
+    assert status["state"] == "done"
+    assert cfg.name == "ar-mamba+attention-d16-L2-lr0.003-s0"
+    from mecheval.training.config import load_config
+
+    assert load_config(tmp_path / "run" / "config.yaml") == cfg
+
+
+@pytest.mark.parametrize(
+    ("layers", "extra", "message"),
+    [
+        ([], {}, "model.layers: expected 1 to 64 layers, got 0"),
+        (["mamba", "mambo"], {}, "model.layers.1.architecture: unknown 'mambo'"),
+        (
+            [{"architecture": "mamba", "mixer": {"d_state": 0}}, "attention"],
+            {},
+            "model.layers.0.mixer.d_state",
+        ),
+        (
+            ["mamba", "attention"],
+            {"mixer": {"d_state": 4}},
+            "model.layers: model.mixer is set too",
+        ),
+        ([{"architecture": "mamba", "width": 2}, "attention"], {}, "model.layers.0.width"),
+    ],
+)
+def test_bad_layers_are_one_line_naming_the_field(layers, extra, message) -> None:
+    with pytest.raises(ConfigError) as err:
+        resolve(config(model={"layers": layers, **extra}))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_bad_layer_from_the_command_line_writes_nothing(tmp_path, monkeypatch, capsys) -> None:
+    code, _, err = run_cli(
+        monkeypatch, capsys, "train", "--preset", "tiny", "--out", str(tmp_path),
+        "--set", "model.layers=[mamba,mambo]",
+    )  # fmt: skip
+    assert code == 2 and "model.layers.1.architecture: unknown 'mambo'" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_hybrids_stack_as_one_architecture_does(tmp_path: Path) -> None:
+    """Two hybrids differing in LR and seed, stacked, end as they end trained one by one."""
+    data = build_datasets(resolve(config()).task)
+    layers = {"layers": ["mamba", "attention"]}
+    cfgs = [config(model=layers, lr=3e-3, seed=0), config(model=layers, lr=1e-2, seed=1)]
+    stacked = train_group(cfgs, [tmp_path / "g0", tmp_path / "g1"], datasets=data)
+    assert [s["state"] for s in stacked] == ["done", "done"]
+    for i, cfg in enumerate(cfgs):
+        train(cfg, tmp_path / f"s{i}", datasets=data)
+        group, alone = (load_file(tmp_path / f"{w}{i}" / "model.safetensors") for w in "gs")
+        assert group.keys() == alone.keys()
+        for key in group:
+            torch.testing.assert_close(group[key], alone[key], rtol=1e-4, atol=5e-5)
+
+
+def test_a_hybrid_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path: Path) -> None:
+    data = build_datasets(resolve(config()).task)
+    cfg = config(model={"layers": ["deltanet", "attention"]}, checkpoint_every=4)
+    train(cfg, tmp_path / "whole", datasets=data)
+
+    def crash(step, model, run_dir):
+        if step == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tmp_path / "split", datasets=data, callbacks=[crash])
+    assert read_status(tmp_path / "split")["state"] == "failed"
+    assert train(cfg, tmp_path / "split", datasets=data)["state"] == "done"
+    whole, split = (load_file(tmp_path / w / "model.safetensors") for w in ("whole", "split"))
+    assert all(torch.equal(whole[k], split[k]) for k in whole)
+
+
+@pytest.mark.parametrize(
+    "layers",
+    [["mamba", "attention", "hyena"], ["attention", "gated_deltanet", "mamba2"]],
+    ids="+".join,
+)
+@pytest.mark.parametrize("resume", [True, False], ids=["resumed", "window"])
+def test_a_hybrid_runs_from_any_block_and_position(layers: list[str], resume: bool) -> None:
+    """The interventions' block-by-block resumption (each block from its own mixer's prefix
+    states, or its window recomputed) gives the full model's logits, in float64."""
+    torch.manual_seed(0)
+    model = build_model(hybrid(layers)).double().eval()
+    for layer in model.layers:
+        layer.mixer.resume_from_prefix = resume
+    tokens = torch.randint(0, 11, (4, 13), generator=torch.Generator().manual_seed(2))
+    at = torch.tensor([12, 6, 9, 12])
+    inputs = [layer_site(j, "input") for j in range(len(layers))]
+    with torch.no_grad(), record(model, [*inputs, "final_norm.input"]) as acts:
+        expected = model(tokens, at=at)
+    cache = prefix_cache(model, [acts[site] for site in inputs])
+    with torch.no_grad():
+        for first in range(len(layers) + 1):
+            entering = acts[inputs[first] if first < len(layers) else "final_norm.input"]
+            for start in (0, 3, 6):
+                got = run_from(model, cache, first, torch.arange(4), start, entering[:, start:], at)
+                torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)

@@ -19,8 +19,9 @@ from mecheval.interventions.prefix import prefix_cache, run_from
 from mecheval.models import ARCHITECTURES, ModelConfig, build_model
 from mecheval.models.mixers.attention import Attention
 from mecheval.models.mixers.mamba import Mamba
+from mecheval.models.mixers.parallel import ParallelMixer
 from mecheval.models.registry import architecture_label
-from mecheval.models.sites import layer_site
+from mecheval.models.sites import layer_site, site_names
 from mecheval.tasks import build_datasets
 from mecheval.training import read_status, resolve, train
 from mecheval.training.stacking.group import train_group
@@ -136,8 +137,16 @@ def test_a_hybrid_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path: Path
 
 @pytest.mark.parametrize(
     "layers",
-    [["mamba", "attention", "hyena"], ["attention", "gated_deltanet", "mamba2"]],
-    ids="+".join,
+    [
+        ["mamba", "attention", "hyena"],
+        ["attention", "gated_deltanet", "mamba2"],
+        [
+            {"parallel": ["attention", "mamba"]},
+            "deltanet",
+            {"parallel": ["gla", "h3"], "combine": "concat"},
+        ],
+    ],
+    ids=["mamba+attention+hyena", "attention+gated_deltanet+mamba2", "parallel"],
 )
 @pytest.mark.parametrize("resume", [True, False], ids=["resumed", "window"])
 def test_a_hybrid_runs_from_any_block_and_position(layers: list[str], resume: bool) -> None:
@@ -159,3 +168,69 @@ def test_a_hybrid_runs_from_any_block_and_position(layers: list[str], resume: bo
             for start in (0, 3, 6):
                 got = run_from(model, cache, first, torch.arange(4), start, entering[:, start:], at)
                 torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_a_parallel_layer_runs_its_branches_on_one_input() -> None:
+    """Summed, its output is its branches' outputs added (each computed here on its own);
+    concatenated, projected by out_proj; each branch initialised by its own architecture, a
+    branch's sites addressable by name."""
+    cfg = hybrid(
+        [
+            {"parallel": ["attention", "mamba"]},
+            {"parallel": ["mamba", "hyena"], "combine": "concat"},
+        ]
+    )
+    assert cfg.architecture == "attention~mamba+mamba~hyena"
+    assert architecture_label(cfg.architecture) == "Attention~Mamba+Mamba~Hyena"
+    torch.manual_seed(0)
+    model = build_model(cfg).double()
+    summed, concat = model.layers[0].mixer, model.layers[1].mixer
+    assert isinstance(summed, ParallelMixer) and isinstance(concat, ParallelMixer)
+    attention, mamba = summed.branches
+    assert isinstance(attention, Attention) and isinstance(mamba, Mamba)
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(summed(x), attention(x) + mamba(x))
+        a, b = (branch(x) for branch in concat.branches)
+        torch.testing.assert_close(concat(x), torch.cat([a, b], -1) @ concat.out_proj.weight.T)
+    # The block is its first branch's architecture's: attention's MLP, Mamba's none.
+    assert model.layers[0].mlp is not None and model.layers[1].mlp is None
+    assert 0.1 < float(mamba.in_proj.weight.detach().std()) < 0.2  # kaiming-uniform
+    assert 0.015 < float(attention.qkv.weight.detach().std()) < 0.025  # N(0, 0.02)
+    assert {"layers.0.mixer.branches.0.output", "layers.1.mixer.branches.1.output"} <= set(
+        site_names(model)
+    )
+
+
+@pytest.mark.parametrize(
+    ("layer", "message"),
+    [
+        ({"parallel": ["mamba"]}, "at least 2 branches"),
+        (
+            {"parallel": ["mamba", "attention"], "architecture": "mamba"},
+            "either architecture or parallel",
+        ),
+        ({"parallel": ["mamba", {"parallel": ["attention", "hyena"]}]}, "not parallel again"),
+        ({"parallel": ["mamba", "attention"], "combine": "max"}, "model.layers.0.combine"),
+        (
+            {"parallel": [{"architecture": "mamba", "mixer": {"d_state": 0}}, "attention"]},
+            "model.layers.0.parallel.0.mixer.d_state",
+        ),
+    ],
+)
+def test_bad_parallel_layers_are_one_line(layer: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        resolve(config(model={"layers": [layer, "attention"]}))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_parallel_hybrid_stacks_as_one_architecture_does(tmp_path: Path) -> None:
+    data = build_datasets(resolve(config()).task)
+    layers = {"layers": [{"parallel": ["attention", "mamba"], "combine": "concat"}, "attention"]}
+    cfgs = [config(model=layers, lr=3e-3, seed=0), config(model=layers, lr=1e-2, seed=1)]
+    train_group(cfgs, [tmp_path / "g0", tmp_path / "g1"], datasets=data)
+    for i, cfg in enumerate(cfgs):
+        train(cfg, tmp_path / f"s{i}", datasets=data)
+        group, alone = (load_file(tmp_path / f"{w}{i}" / "model.safetensors") for w in "gs")
+        for key in group:
+            torch.testing.assert_close(group[key], alone[key], rtol=1e-4, atol=5e-5)

@@ -227,6 +227,28 @@ def test_batched_equals_naive_on_variable_length_atr() -> None:
     assert_engine_equals_naive(*signal_case("based-atr"))
 
 
+@pytest.mark.parametrize(
+    "layers",
+    [
+        ["mamba", {"parallel": ["attention", "hyena"]}],
+        [{"parallel": ["deltanet", "mamba"], "combine": "concat"}, "attention"],
+    ],
+    ids=["mamba+attention~hyena", "deltanet~mamba-concat+attention"],
+)
+def test_batched_equals_naive_on_hybrids(layers: list) -> None:
+    """Every site of a hybrid, each parallel branch's own included, restored by the engine
+    as by the naive loop."""
+    torch.manual_seed(0)
+    model_cfg = ModelConfig(
+        layers=layers, d_model=16, vocab_size=AR.vocab_size(), max_len=16, init_std=0.5
+    )
+    model = build_model(model_cfg).double().eval()
+    original, corrupted = ar_pair(n=4)
+    branch = next(s for s in site_names(model) if ".branches.1.output" in s)
+    fast, _ = assert_engine_equals_naive(model, original, corrupted)
+    assert branch in set(fast.per_example.site)
+
+
 def test_rows_of_nearby_positions_start_together(monkeypatch) -> None:
     """With at most two start positions per chunk, rows start before their patch (at the
     earliest position of their group): the same numbers as one batch per position."""

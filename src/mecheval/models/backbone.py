@@ -23,12 +23,14 @@ import math
 from typing import Any
 
 import torch
+from pydantic import BaseModel
 from torch import nn
 
 from mecheval.errors import ConfigError
-from mecheval.models.config import ModelConfig
+from mecheval.models.config import LayerConfig, ModelConfig
 from mecheval.models.mixers.base import Mixer
 from mecheval.models.mixers.modules import ShortConv
+from mecheval.models.mixers.parallel import ParallelMixer
 from mecheval.models.registry import Architecture, get_architecture, parse_options
 from mecheval.models.sites import Site, name_sites
 
@@ -141,13 +143,23 @@ def switched_options(
     return {**options, arch.short_conv: None if switch == "none" else switch}
 
 
-def layer_architectures(config: ModelConfig) -> list[Architecture]:
-    """Each layer's registered architecture (the same one for all but a hybrid's)."""
+def layer_architectures(config: ModelConfig) -> list[list[Architecture]]:
+    """Each layer's registered architectures: one, or a parallel layer's one per branch."""
     return [
-        get_architecture(name, field.removesuffix(".mixer") + ".architecture")
-        if config.layers is not None
-        else get_architecture(name)
-        for name, _, field in config.layer_specs()
+        [arch for arch, _, _ in _branches(layer, field)] for layer, field in config.layer_configs()
+    ]
+
+
+def _branches(layer: LayerConfig, field: str) -> list[tuple[Architecture, dict, str]]:
+    """A layer's (architecture, options, options' field name) per mixer it holds."""
+    if layer.parallel is None:
+        assert layer.architecture is not None
+        where = "model.architecture" if field == "model" else f"{field}.architecture"
+        return [(get_architecture(layer.architecture, where), layer.mixer, f"{field}.mixer")]
+    return [
+        entry
+        for k, branch in enumerate(layer.parallel)
+        for entry in _branches(branch, f"{field}.parallel.{k}")
     ]
 
 
@@ -159,13 +171,16 @@ class LanguageModel(nn.Module):
         super().__init__()
         if config.vocab_size is None:
             raise ConfigError("model.vocab_size: must be set (normally filled in from the task)")
-        archs = layer_architectures(config)
+        layers = [(layer, _branches(layer, field)) for layer, field in config.layer_configs()]
         positions = uses_position_embedding(config)
         if positions and config.max_len is None:
             raise ConfigError("model.max_len: must be set when position_embedding is on")
         options = [
-            parse_options(arch.name, switched_options(config, arch, opts, field), field)
-            for arch, (_, opts, field) in zip(archs, config.layer_specs(), strict=True)
+            [
+                parse_options(arch.name, switched_options(config, arch, opts, field), field)
+                for arch, opts, field in branches
+            ]
+            for _, branches in layers
         ]
         self.config = config
         d = config.d_model
@@ -173,17 +188,21 @@ class LanguageModel(nn.Module):
         self.position = nn.Embedding(config.max_len, d) if positions else None
         try:
             mixers = [
-                arch.build(i, d, opts)
-                for i, (arch, opts) in enumerate(zip(archs, options, strict=True))
+                _layer_mixer(i, d, layer, branches, opts)
+                for i, ((layer, branches), opts) in enumerate(zip(layers, options, strict=True))
             ]
         except ValueError as err:
             raise ConfigError(str(err)) from None
         # Every conv before any block: the order in which the default inits draw.
-        for arch, mixer in zip(archs, mixers, strict=True):
-            if isinstance(config.short_conv, int) and arch.short_conv is None:
-                mixer.short_conv = ShortConv(d, config.short_conv)
+        for (_, branches), mixer in zip(layers, mixers, strict=True):
+            inner = mixer.branches if isinstance(mixer, ParallelMixer) else [mixer]
+            for (arch, _, _), branch in zip(branches, inner, strict=True):
+                if isinstance(config.short_conv, int) and arch.short_conv is None:
+                    branch.short_conv = ShortConv(d, config.short_conv)
+        # A parallel layer's block (its MLP, its norm) is its first branch's architecture's.
         self.layers = nn.ModuleList(
-            Block(d, mixer, arch.mlp, arch.norm) for arch, mixer in zip(archs, mixers, strict=True)
+            Block(d, mixer, branches[0][0].mlp, branches[0][0].norm)
+            for (_, branches), mixer in zip(layers, mixers, strict=True)
         )
         self.final_norm = FinalNorm(d)
         self.reset_parameters()
@@ -204,8 +223,11 @@ class LanguageModel(nn.Module):
         archs = layer_architectures(self.config)
         for name, module in self.named_modules():
             parts = name.split(".")
-            arch = archs[int(parts[1]) if parts[0] == "layers" and len(parts) > 1 else 0]
-            residual_branches = 2 if arch.mlp else 1
+            layer = archs[int(parts[1]) if parts[0] == "layers" and len(parts) > 1 else 0]
+            # A parallel layer's branch by its own architecture, the rest by its block's.
+            inside = parts[2:4] == ["mixer", "branches"] and len(parts) > 4
+            arch = layer[int(parts[4])] if inside else layer[0]
+            residual_branches = 2 if layer[0].mlp else 1
             if isinstance(module, nn.Linear):
                 residual_out = name.rsplit(".", 1)[-1] in RESIDUAL_OUT_NAMES
                 if arch.init == "mamba":
@@ -250,12 +272,26 @@ class LanguageModel(nn.Module):
         return self.head(x, at)
 
 
+def _layer_mixer(
+    i: int,
+    d: int,
+    layer: LayerConfig,
+    branches: list[tuple[Architecture, dict, str]],
+    options: list[BaseModel],
+) -> Mixer:
+    """Layer ``i``'s mixer: its architecture's, or a parallel layer of its branches'."""
+    mixers = [arch.build(i, d, opts) for (arch, _, _), opts in zip(branches, options, strict=True)]
+    if layer.parallel is None:
+        return mixers[0]
+    return ParallelMixer(d, mixers, layer.combine)
+
+
 def uses_position_embedding(config: ModelConfig) -> bool:
     """``model.position_embedding``, or where unset its architecture's default."""
     if config.position_embedding is not None:
         return config.position_embedding
     # A hybrid: on only where every layer's architecture has it on.
-    return all(arch.position_embedding for arch in layer_architectures(config))
+    return all(arch.position_embedding for layer in layer_architectures(config) for arch in layer)
 
 
 def build_model(config: ModelConfig) -> LanguageModel:

@@ -14,17 +14,61 @@ from pydantic import (
     model_validator,
 )
 
-#: how a hybrid's name joins its layers' architectures (``mamba+attention``)
+#: how a hybrid's name joins its layers' architectures (``mamba+attention``), and a parallel
+#: layer's branches (``attention~mamba``: no character the shell reads, unlike ``|``)
 HYBRID_JOIN = "+"
+PARALLEL_JOIN = "~"
 
 
 class LayerConfig(BaseModel):
-    """One layer of a hybrid: its architecture and that architecture's options."""
+    """One layer of a hybrid: an architecture with its options, or (``parallel``) several
+    mixers on the layer's input whose outputs are summed or concatenated and projected."""
 
     model_config = ConfigDict(extra="forbid")
 
-    architecture: str = Field(description="a name from `mecheval models list`")
+    architecture: str | None = Field(None, description="a name from `mecheval models list`")
     mixer: dict[str, Any] = Field(default_factory=dict, description="its options")
+    parallel: list[LayerConfig] | None = Field(
+        None,
+        description="branches (a name or {architecture, mixer} each) run on the same input",
+    )
+    combine: Literal["sum", "concat"] = Field(
+        "sum",
+        description="a parallel layer's outputs: summed, or concatenated and projected to "
+        "d_model (out_proj)",
+    )
+
+    @field_validator("parallel", mode="before")
+    @classmethod
+    def _names_are_branches(cls, v: Any) -> Any:
+        return _names_as_layers(v)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> LayerConfig:
+        if (self.architecture is None) == (self.parallel is None):
+            raise ValueError("expected either architecture or parallel")
+        if self.parallel is not None:
+            if len(self.parallel) < 2:
+                raise ValueError("parallel: expected at least 2 branches")
+            if any(branch.parallel is not None for branch in self.parallel):
+                raise ValueError("parallel: a branch is one architecture, not parallel again")
+            if self.mixer:
+                raise ValueError("mixer: a parallel layer's options go per branch")
+        return self
+
+    @property
+    def name(self) -> str:
+        """Its architecture, or its branches' joined by ``~``."""
+        if self.parallel is None:
+            assert self.architecture is not None
+            return self.architecture
+        return PARALLEL_JOIN.join(branch.name for branch in self.parallel)
+
+
+def _names_as_layers(v: Any) -> Any:
+    if isinstance(v, list):
+        return [{"architecture": x} if isinstance(x, str) else x for x in v]
+    return v
 
 
 class ModelConfig(BaseModel):
@@ -64,9 +108,7 @@ class ModelConfig(BaseModel):
     @field_validator("layers", mode="before")
     @classmethod
     def _names_are_layers(cls, v: Any) -> Any:
-        if isinstance(v, list):
-            return [{"architecture": x} if isinstance(x, str) else x for x in v]
-        return v
+        return _names_as_layers(v)
 
     @field_validator("layers")
     @classmethod
@@ -91,24 +133,23 @@ class ModelConfig(BaseModel):
         # object.__setattr__: assignment would validate again (and recurse here)
         object.__setattr__(self, "n_layers", len(self.layers))
         first = self.layers[0]
-        if all(layer == first for layer in self.layers):
+        if first.parallel is None and all(layer == first for layer in self.layers):
             # Not a hybrid: the same config as n_layers layers of one architecture.
             object.__setattr__(self, "architecture", first.architecture)
             object.__setattr__(self, "mixer", dict(first.mixer))
             object.__setattr__(self, "layers", None)
             return self
-        joined = HYBRID_JOIN.join(layer.architecture for layer in self.layers)
+        joined = HYBRID_JOIN.join(layer.name for layer in self.layers)
         object.__setattr__(self, "architecture", joined)
         return self
 
-    def layer_specs(self) -> list[tuple[str, dict[str, Any], str]]:
-        """Each layer's (architecture, options, the options' field name for messages)."""
+    def layer_configs(self) -> list[tuple[LayerConfig, str]]:
+        """Each layer's config and its field name for messages (``model.layers.1``; a model
+        of one architecture: ``model``, whose ``mixer`` are every layer's options)."""
         if self.layers is None:
-            return [(self.architecture, self.mixer, "model.mixer")] * self.n_layers
-        return [
-            (layer.architecture, layer.mixer, f"model.layers.{i}.mixer")
-            for i, layer in enumerate(self.layers)
-        ]
+            one = LayerConfig(architecture=self.architecture, mixer=self.mixer)
+            return [(one, "model")] * self.n_layers
+        return [(layer, f"model.layers.{i}") for i, layer in enumerate(self.layers)]
 
     @property
     def is_hybrid(self) -> bool:

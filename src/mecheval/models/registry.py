@@ -27,7 +27,7 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from mecheval.errors import ConfigError, validate
-from mecheval.models.config import HYBRID_JOIN
+from mecheval.models.config import HYBRID_JOIN, PARALLEL_JOIN
 from mecheval.models.mixers.attention import Attention, AttentionOptions
 from mecheval.models.mixers.base import Mixer
 from mecheval.models.mixers.baseconv import BaseConvOptions, build_baseconv
@@ -132,8 +132,8 @@ def architecture(
             build = target
         else:
             raise TypeError(f"architecture {name!r}: expected a Mixer subclass or a builder")
-        if HYBRID_JOIN in name:
-            raise ValueError(f"architecture {name!r}: {HYBRID_JOIN!r} joins a hybrid's layers")
+        if HYBRID_JOIN in name or PARALLEL_JOIN in name:
+            raise ValueError(f"architecture {name!r}: '+' and '~' join a hybrid's layers")
         doc = (target.__doc__ or "").strip().split("\n")[0]
         register(
             Architecture(
@@ -242,8 +242,9 @@ def get_architecture(name: str, field: str = "model.architecture") -> Architectu
 def architecture_label(name: str) -> str:
     """How reports name an architecture: its label, or the name itself if not registered; a
     hybrid's (``mamba+attention``) its layers' labels joined."""
-    if HYBRID_JOIN in name:
-        return HYBRID_JOIN.join(architecture_label(part) for part in name.split(HYBRID_JOIN))
+    for join in (HYBRID_JOIN, PARALLEL_JOIN):
+        if join in name:
+            return join.join(architecture_label(part) for part in name.split(join))
     arch = ARCHITECTURES.get(name)
     return name if arch is None else arch.display
 

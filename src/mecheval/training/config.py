@@ -26,7 +26,8 @@ from mecheval.tasks import TASKS, TaskConfig, get_task
 from mecheval.training.precision import Precision
 
 #: A run folder's name: one path component inside ``--out`` (and not "." or "..").
-RUN_NAME = r"^[A-Za-z0-9._=+-]+$"
+# "~" (a parallel layer in a hybrid's name) not first, where a shell would read a home folder
+RUN_NAME = r"^[A-Za-z0-9._=+-][A-Za-z0-9._=+~-]*$"
 
 #: Evaluations per run when ``eval_every`` is unset.
 DEFAULT_EVALS = 20
@@ -144,7 +145,8 @@ class RunConfig(BaseModel):
     def _inside_out(cls, name: str | None) -> str | None:
         if name is not None and (name in (".", "..") or not re.fullmatch(RUN_NAME, name)):
             raise ValueError(
-                "expected one folder name inside --out (letters, digits and . _ = + -)"
+                "expected one folder name inside --out (letters, digits and . _ = + -, and ~ "
+                "after the first)"
             )
         return name
 

@@ -14,6 +14,9 @@ from safetensors.torch import load_file
 from small_runs import config, run_cli
 
 from mecheval.errors import ConfigError
+from mecheval.experiments.catalog import HYBRID_PARTS, get_experiment
+from mecheval.experiments.grid import expand, name_part
+from mecheval.experiments.plan import plan_runs
 from mecheval.interventions.patch import record
 from mecheval.interventions.prefix import prefix_cache, run_from
 from mecheval.models import ARCHITECTURES, ModelConfig, build_model
@@ -234,3 +237,30 @@ def test_a_parallel_hybrid_stacks_as_one_architecture_does(tmp_path: Path) -> No
         group, alone = (load_file(tmp_path / f"{w}{i}" / "model.safetensors") for w in "gs")
         for key in group:
             torch.testing.assert_close(group[key], alone[key], rtol=1e-4, atol=5e-5)
+
+
+def test_a_layers_grid_names_runs_by_the_models_architecture() -> None:
+    assert name_part("model.layers", ["mamba", "attention"]) == "mamba+attention"
+    assert name_part("model.layers", ["hyena", "hyena"]) == "hyena"
+    parallel = [{"parallel": ["attention", "mamba"], "combine": "concat"}, "attention"]
+    assert name_part("model.layers", parallel) == "attention~mamba+attention"
+
+
+def test_the_hybrids_experiment_pairs_every_architecture_under_one_recipe() -> None:
+    experiment = get_experiment("hybrids")
+    runs = expand(experiment.sweep("quick"))
+    parts = HYBRID_PARTS
+    expected = [
+        f"{t}-{a}+{b}-d64" if a != b else f"{t}-{a}-d64"
+        for t in ("ar", "mqar")
+        for a in parts
+        for b in parts
+    ]
+    assert [run.name for run in runs] == expected
+    cfgs = plan_runs(experiment.sweep("quick"), Path("unused"))
+    recipes = {(c.cfg.training.lr, c.cfg.training.epochs, c.cfg.model.d_model) for c in cfgs}
+    assert recipes == {(3e-3, 2, 64)}
+    assert {c.cfg.training.stop_at_accuracy for c in cfgs} == {0.99}
+    assert len(expand(experiment.sweep("paper"))) == 50 * 7  # d = 64, the paper's seven LRs
+    with pytest.raises(ConfigError, match="takes no --archs"):
+        experiment.sweep("quick", archs=["mamba"])

@@ -44,6 +44,9 @@ class Experiment:
     #: (after ``fixed_at``; where the sweep runs that architecture)
     per_architecture_at: dict[str, dict[str, dict[str, Any]]] | None = None
     quick_grid: dict[str, list[Any]] | None = None
+    #: at tiny, these grid values instead (after ``quick_grid``): a large grid's end-to-end
+    #: check on a few of its points
+    tiny_grid: dict[str, list[Any]] | None = None
     #: the report adds a mechanism matrix (report/matrix.py's MATRICES): architectures by
     #: "task", by "short conv" setting or by task and "eigenvalues" range; "" none
     matrix: str = ""
@@ -73,6 +76,11 @@ class Experiment:
             for kind in tasks:
                 get_task(kind)  # an unknown kind fails now, naming the known ones
             grid[TASK_AXIS] = list(dict.fromkeys(tasks))
+        if archs is not None and "model.layers" in grid:
+            raise ConfigError(
+                f"--archs: experiment {self.name!r} sets each layer's architecture "
+                "(model.layers); it takes no --archs"
+            )
         if archs is not None:
             own = list(grid.get("model.architecture", []))
             if self.accepts is None and own != _archs():
@@ -92,6 +100,8 @@ class Experiment:
             grid.setdefault("training.lr", paper_lrs)
         else:
             grid.update(self.quick_grid or {})
+        if preset == "tiny":
+            grid.update(self.tiny_grid or {})
         running = set(grid.get("model.architecture", []))
         per_architecture = (self.per_architecture_at or {}).get(preset, {})
         return SweepSpec(
@@ -419,6 +429,32 @@ def _matrices(archs: list[str], conv_archs: list[str]) -> list[Experiment]:
     ]
 
 
+#: The architectures ``reproduce hybrids`` pairs: attention and four recurrent or
+#: convolutional mixers (a selective SSM, the two delta rules, a long convolution).
+HYBRID_PARTS = ["attention", "mamba", "deltanet", "gated_deltanet", "hyena"]
+
+
+def _hybrids() -> Experiment:
+    """Every ordered pair of HYBRID_PARTS as a two-layer model (the pure forms among them),
+    on AR and MQAR, one recipe for all: which layer, of which architecture, carries the
+    retrieval (a hybrid's label names it)."""
+    pairs = [[first, second] for first in HYBRID_PARTS for second in HYBRID_PARTS]
+    # At quick and tiny: the LR that suits the recurrent mixers (AR's quick LRs) for every
+    # model, two epochs, stopped at 99 % dev accuracy as the task matrix is.
+    recipe = {"training.lr": 3e-3, "training.epochs": 2}
+    return Experiment(
+        "hybrids",
+        "Two-layer hybrids: every ordered pair of attention, Mamba, DeltaNet, Gated DeltaNet "
+        "and Hyena (pure forms included) on AR and MQAR, and which layer carries the retrieval",
+        "ar",
+        {TASK_AXIS: ["ar", "mqar"], "model.layers": pairs, "model.d_model": [64]},
+        ("ar-restore", "mqar-restore"),
+        fixed={"training.stop_at_accuracy": MATRIX_STOP_AT},
+        fixed_at={"quick": recipe, "tiny": {"training.lr": 3e-3}},
+        tiny_grid={"model.layers": [["mamba", "attention"], ["attention", "mamba"], ["hyena"] * 2]},
+    )
+
+
 def _catalog() -> dict[str, Experiment]:
     archs = _archs()
     conv_archs = [a for a in archs if switchable(a)]
@@ -430,6 +466,7 @@ def _catalog() -> dict[str, Experiment]:
         *_conv_probes(conv_archs),
         _state_tracking(),
         *_matrices(archs, conv_archs),
+        _hybrids(),
     ]
     return {e.name: e for e in experiments}
 

@@ -34,11 +34,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mecheval.errors import ConfigError, validate
+from mecheval.models.config import layers_name
 
 #: How a grid key shows in a run name: a short prefix (value appended), "" = value alone.
 NAME_PREFIXES: dict[str, str] = {
     "task": "",
     "model.architecture": "",
+    "model.layers": "",
     "model.d_model": "d",
     "model.n_layers": "L",
     "model.position_embedding": "pe",
@@ -108,6 +110,8 @@ def name_part(key: str, value: Any) -> str:
             # One digit fits a grid's LRs (3e-4); a value it would round (0.99 -> 1e0, the
             # name 0.95 has too) is named exactly, so two values never share a folder.
             text = repr(value)
+    elif key == "model.layers":
+        text = layers_name(value)
     elif isinstance(value, list | tuple):
         text = "_".join(str(v) for v in value)
     else:

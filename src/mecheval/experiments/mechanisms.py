@@ -341,6 +341,8 @@ def _label_reader(
     readings = cfg.task.readings
     local_sites = local_mixing_sites(model, 0)
     n_layers = cfg.model.n_layers
+    # A hybrid's retrieval label names the layer that carries it.
+    names = [layer.name for layer, _ in cfg.model.layer_configs()] if cfg.model.is_hybrid else None
     chance = None if candidates is None else chance_level(candidates)
 
     def read_label(
@@ -358,6 +360,7 @@ def _label_reader(
             readings=readings,
             per_example=per_example,
             nulls=nulls,
+            layer_names=names,
         )
 
     return read_label, tuple(label_sites(n_layers, local_sites))
@@ -375,7 +378,7 @@ def _write_mechanism(
     whether that makes the label fragile, range and the documents it was read on (and, read
     from a run that is not done, what the run was: ``unfinished_run``)."""
     record = {
-        **asdict(label),
+        **{k: v for k, v in asdict(label).items() if k != "carrier" or v is not None},
         "fragile": label.fragile,
         "range": label.range,
         "mean_candidates": None

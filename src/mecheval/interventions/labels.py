@@ -61,10 +61,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
+from mecheval.interventions.carriers import Carrier, carrier
 from mecheval.interventions.intervals import (
     BOOTSTRAP,
     Bootstrap,
@@ -119,6 +120,9 @@ class MechanismLabel:
     #: the restore at positions that play no role, at the label site (interventions/null.py):
     #: a role's fraction counts only above ``null.high``. None: not measured
     null: Null | None = None
+    #: of a hybrid read as retrieval: the layer that brings the answer to the query
+    #: (interventions/carriers.py), which the label then names. None: not read
+    carrier: Carrier | None = None
 
     @property
     def bar(self) -> float:
@@ -281,6 +285,7 @@ def label_mechanism(
     per_example: pd.DataFrame | None = None,
     bootstrap: Bootstrap = BOOTSTRAP,
     nulls: Mapping[str, Null] | None = None,
+    layer_names: Sequence[str] | None = None,
 ) -> MechanismLabel:
     """Label from an interchange table (the engine's ``InterchangeResult.table``) and the
     chance level of its documents (``tasks.scores.chance_level`` of their candidates).
@@ -288,7 +293,9 @@ def label_mechanism(
     local_mixing_sites(model, 0)``), read instead of ``layers.0.output``; ``readings``: the
     task's labels (tasks/readings.py). ``per_example`` (the engine's per-document table) gives
     each fraction its ``bootstrap`` interval; ``nulls`` (per site, interventions/null.py): a
-    role's fraction counts only above the null's upper bound at the label's site."""
+    role's fraction counts only above the null's upper bound at the label's site.
+    ``layer_names`` (a hybrid's, ``ModelConfig.layer_configs``): a retrieval label names the
+    layer that carries it, read from every block boundary's restores (carriers.py)."""
     likelihood = table[table.metric == "likelihood"]
     binding = _binding(table, chance)
     original, corrupted = _condition(likelihood, "original"), _condition(likelihood, "corrupted")
@@ -308,7 +315,7 @@ def label_mechanism(
     label = label or ("unclear" if best is None else names[best])
     where = {key: (state_sites.get(key, site), key.removesuffix(" (state)")) for key in recovered}
     intervals = {} if per_example is None else _intervals(per_example, where, bootstrap)
-    return MechanismLabel(
+    read = MechanismLabel(
         label,
         state_sites.get(best or "", site),
         original,
@@ -321,6 +328,10 @@ def label_mechanism(
         intervals=intervals,
         null=null,
     )
+    if layer_names is None or best is None or readings.at_label_site != LABELS:
+        return read
+    found = carrier(likelihood, layer_names, original, corrupted, read.bar)
+    return read if found is None else replace(read, label=str(found), carrier=found)
 
 
 def _best_site(

@@ -162,3 +162,11 @@ class ModelConfig(BaseModel):
         if isinstance(v, int) and v < 1:
             raise ValueError(f"expected a kernel size >= 1, 'none' or null, got {v}")
         return v
+
+
+def layers_name(layers: list[Any]) -> str:
+    """The architecture name a ``model.layers`` value gives a model (``mamba+attention``;
+    one name where all layers are alike), as ModelConfig sets it."""
+    from mecheval.errors import validate
+
+    return validate(ModelConfig, {"layers": layers}, prefix="model").architecture

@@ -10,6 +10,7 @@ dev likelihood is shown, like the LR.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,7 +132,10 @@ def standard(df: pd.DataFrame, keep: Iterable[str] = ()) -> pd.DataFrame:
 
 def default_position_embedding(architecture: str) -> bool:
     """The architecture's default (an unknown one: on, as runs before the default was per
-    architecture were trained)."""
+    architecture were trained); a hybrid's (``mamba+attention``): on where every layer's is."""
+    parts = re.split(r"[+~]", architecture)
+    if len(parts) > 1:
+        return all(default_position_embedding(part) for part in parts)
     known = ARCHITECTURES.get(architecture)
     return True if known is None else known.position_embedding
 

@@ -668,3 +668,27 @@ def test_lone_run_side_by_side_trains_alone(
     finally:
         baton.give()
     assert spy.stacked == [] and spy.fallback == [tmp_path / "g0"]
+
+
+def test_a_lone_run_asking_for_the_single_run_trainer_is_not_stacked(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """torch.compile and the fused kernels are the single-run trainer's: a lone run asking
+    for them keeps it where its step would otherwise replay."""
+    from mecheval.training.resolved import ResolvedRun
+
+    monkeypatch.setattr(group_module, "graphs_enabled", lambda device: True)
+
+    def lone(**training) -> ResolvedRun:
+        return ResolvedRun.of(config(**training), tmp_path / "run")
+
+    assert group_module._replays_alone(lone())
+    assert not group_module._replays_alone(lone(compile=True))
+    fused = lone()
+    fused = ResolvedRun.of(
+        fused.cfg.model_copy(
+            update={"training": fused.cfg.training.model_copy(update={"kernels": "fused"})}
+        ),
+        tmp_path / "run",
+    )
+    assert not group_module._replays_alone(fused)

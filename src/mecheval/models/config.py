@@ -100,9 +100,10 @@ class ModelConfig(BaseModel):
     )
     layers: list[LayerConfig] | None = Field(
         None,
-        description="one entry per layer, a name or {architecture, mixer}: a hybrid. Sets "
-        "n_layers, and architecture to the names joined by '+'; options go per layer. Layers "
-        "all alike are n_layers layers of one architecture. Unset: n_layers of architecture",
+        description="one entry per layer, a name, {architecture, mixer} or {parallel: [...], "
+        "combine}: a hybrid (docs/hybrids.md). Sets n_layers, and architecture to the names "
+        "joined by '+'; options go per layer. Layers all alike are n_layers layers of one "
+        "architecture. Unset: n_layers of architecture",
     )
 
     @field_validator("layers", mode="before")

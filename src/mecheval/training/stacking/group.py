@@ -120,11 +120,7 @@ def _train_members(
         ]
 
     alone = len(runs) == 1
-    # Side by side on one card, a lone run's captured step trained wrongly on an H200 (quick
-    # AR: no architecture but DeltaNet learned), where alone it trains as the eager step does.
-    if alone and (not graphs_enabled(torch.device(runs[0].device)) or taking_turns()):
-        return one_by_one()
-    if not use_vmap:
+    if (alone and not _replays_alone(runs[0])) or not use_vmap:
         return one_by_one()
     folders = [run.folder() for run in runs]
     with contextlib.ExitStack() as held:
@@ -138,6 +134,20 @@ def _train_members(
         if group is not None and (group.replays or not alone):
             return _train_stack(group, folders)
     return one_by_one()
+
+
+def _replays_alone(run: ResolvedRun) -> bool:
+    """Whether a lone run trains as a stack of one, its step replayed as a CUDA graph: on a
+    device that replays, not side by side with other threads (captured stacks of one trained
+    wrongly there: docs/performance.md), and not asking for what only the single-run trainer
+    does (``training.compile``, fused kernels)."""
+    t = run.cfg.training
+    return (
+        graphs_enabled(torch.device(run.device))
+        and not taking_turns()
+        and not t.compile
+        and t.kernels == "reference"
+    )
 
 
 def _stack(

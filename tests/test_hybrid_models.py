@@ -19,7 +19,7 @@ from mecheval.experiments.grid import expand, name_part
 from mecheval.experiments.plan import plan_runs
 from mecheval.interventions.patch import record
 from mecheval.interventions.prefix import prefix_cache, run_from
-from mecheval.models import ARCHITECTURES, ModelConfig, build_model
+from mecheval.models import ARCHITECTURES, ModelConfig, build_model, count_parameters
 from mecheval.models.mixers.attention import Attention
 from mecheval.models.mixers.mamba import Mamba
 from mecheval.models.mixers.parallel import ParallelMixer
@@ -31,7 +31,7 @@ from mecheval.training.stacking.group import train_group
 
 
 def hybrid(layers: list, **model) -> ModelConfig:
-    return ModelConfig(d_model=16, vocab_size=11, max_len=13, layers=layers, **model)
+    return ModelConfig(layers=layers, **{"d_model": 16, "vocab_size": 11, "max_len": 13, **model})
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
@@ -264,3 +264,14 @@ def test_the_hybrids_experiment_pairs_every_architecture_under_one_recipe() -> N
     assert len(expand(experiment.sweep("paper"))) == 50 * 7  # d = 64, the paper's seven LRs
     with pytest.raises(ConfigError, match="takes no --archs"):
         experiment.sweep("quick", archs=["mamba"])
+
+
+def test_models_list_counts_a_hybrid(monkeypatch, capsys) -> None:
+    code, out, _ = run_cli(monkeypatch, capsys, "models", "list", "--layers", "mamba,attention")
+    expected = count_parameters(
+        build_model(hybrid(["mamba", "attention"], d_model=64, vocab_size=8192, max_len=64))
+    )
+    row = next(line for line in out.splitlines() if "mamba+attention" in line)
+    assert f"{expected:,}" in row and "layers.1.mlp.output" in out
+    code, _, err = run_cli(monkeypatch, capsys, "models", "list", "--layers", "[mamba, mambo]")
+    assert code == 2 and "model.layers.1.architecture: unknown 'mambo'" in err

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mecheval.cli.app import app, command_group
+from mecheval.errors import validate
 from mecheval.models import ModelConfig, build_model, count_parameters, site_names, state_size
 from mecheval.models.registry import available_architectures, get_architecture
 
@@ -23,9 +24,19 @@ def list_models(
     max_len: int = typer.Option(64, help="position-embedding length used for the counts"),
     n_layers: int = typer.Option(2, help="number of layers"),
     sites: bool = typer.Option(True, help="also list each architecture's sites"),
+    layers: str | None = typer.Option(
+        None,
+        help="a hybrid's layers instead of every architecture: names, comma-separated "
+        "(mamba,attention), or a YAML list (parallel layers too; docs/hybrids.md)",
+    ),
 ) -> None:
     """Parameter counts per architecture and width, the state each carries per sequence at
-    inference, and each architecture's sites."""
+    inference, and each architecture's sites (or one hybrid's: --layers)."""
+    models = {name: {"architecture": name} for name in available_architectures()}
+    if layers is not None:
+        hybrid = _hybrid_layers(layers)
+        models = {validate(ModelConfig, hybrid, prefix="--layers").architecture: hybrid}
+        n_layers = len(hybrid["layers"])
     console = Console()
     table = Table(title=f"parameters (vocab {vocab_size}, {n_layers} layers, max_len {max_len})")
     states = Table(
@@ -38,10 +49,10 @@ def list_models(
             t.add_column(f"d={d}", justify="right")
     site_lists = {}
     shape = {"n_layers": n_layers, "vocab_size": vocab_size, "max_len": max_len}
-    for name in available_architectures():
+    for name, model_fields in models.items():
         row, state_row = [name], [name]
         for d in WIDTHS:
-            model = build_model(ModelConfig(architecture=name, d_model=d, **shape))
+            model = build_model(ModelConfig(**model_fields, d_model=d, **shape))
             row.append(f"{count_parameters(model):,}")
             size = state_size(model, max_len)
             state_row.append("—" if size is None else f"{size:,}")
@@ -52,8 +63,22 @@ def list_models(
     console.print(states)
     if sites:
         for name, names in site_lists.items():
-            console.print(f"[bold]{name}[/bold] ({get_architecture(name).description})")
+            what = "a hybrid" if layers is not None else get_architecture(name).description
+            console.print(f"[bold]{name}[/bold] ({what})")
             console.print("  " + "\n  ".join(names), highlight=False)
+
+
+def _hybrid_layers(text: str) -> dict:
+    """``--layers``' value as ModelConfig fields: a YAML list, or names comma-separated."""
+    import yaml
+
+    from mecheval.errors import ConfigError
+
+    try:
+        value = yaml.safe_load(text if text.lstrip().startswith("[") else f"[{text}]")
+    except yaml.YAMLError:
+        raise ConfigError(f"--layers: expected names or a YAML list (got {text!r})") from None
+    return {"layers": value}
 
 
 @app.command("check-mixer")

@@ -275,3 +275,17 @@ def test_models_list_counts_a_hybrid(monkeypatch, capsys) -> None:
     assert f"{expected:,}" in row and "layers.1.mlp.output" in out
     code, _, err = run_cli(monkeypatch, capsys, "models", "list", "--layers", "[mamba, mambo]")
     assert code == 2 and "model.layers.1.architecture: unknown 'mambo'" in err
+
+
+def test_the_deep_hybrids_put_attention_at_each_depth() -> None:
+    runs = plan_runs(get_experiment("deep-hybrids").sweep("quick"), Path("unused"))
+    names = [run.cfg.model.architecture for run in runs]
+    assert len(names) == len(set(names)) == 15
+    for other in ("mamba", "gated_deltanet"):
+        for depth in range(4):
+            layers = [other] * 4
+            layers[depth] = "attention"
+            assert "+".join(layers) in names
+    assert "mamba+mamba+attention~mamba+mamba" in names
+    tasks = {(r.cfg.task.kind, r.cfg.task.n_pairs, r.cfg.model.n_layers) for r in runs}
+    assert tasks == {("mqar", 8, 4)}

@@ -451,7 +451,41 @@ def _hybrids() -> Experiment:
         ("ar-restore", "mqar-restore"),
         fixed={"training.stop_at_accuracy": MATRIX_STOP_AT},
         fixed_at={"quick": recipe, "tiny": {"training.lr": 3e-3}},
-        tiny_grid={"model.layers": [["mamba", "attention"], ["attention", "mamba"], ["hyena"] * 2]},
+        tiny_grid={
+            "model.layers": [["mamba", "attention"], ["attention", "mamba"], ["hyena"] * 2],
+            "model.d_model": [16],
+        },
+    )
+
+
+def _deep_hybrids() -> Experiment:
+    """Four-layer models on MQAR with more pairs than the quick preset's: one attention layer
+    at each depth among Mamba or Gated DeltaNet layers, one parallel attention + Mamba layer
+    at each depth among Mamba layers, and the pure forms: where does attention take over?"""
+    layers: list[list[Any]] = [["attention"] * 4]
+    for other in ("mamba", "gated_deltanet"):
+        layers.append([other] * 4)
+        layers += [[other] * k + ["attention"] + [other] * (3 - k) for k in range(4)]
+    parallel = {"parallel": ["attention", "mamba"]}
+    layers += [["mamba"] * k + [parallel] + ["mamba"] * (3 - k) for k in range(4)]
+    return Experiment(
+        "deep-hybrids",
+        "Four-layer hybrids on MQAR with twice the quick preset's pairs: one attention (or "
+        "parallel attention + Mamba) layer at each depth among Mamba or Gated DeltaNet layers",
+        "mqar",
+        {"model.layers": layers, "model.d_model": [64]},
+        ("mqar-restore",),
+        fixed={"training.stop_at_accuracy": MATRIX_STOP_AT},
+        fixed_at={
+            "quick": {
+                "training.lr": 3e-3,
+                "training.epochs": 2,
+                "task.n_pairs": 8,
+                "task.seq_len": 32,
+            },
+            "tiny": {"training.lr": 3e-3},
+        },
+        tiny_grid={"model.layers": [layers[0], layers[3], layers[-1]], "model.d_model": [16]},
     )
 
 
@@ -467,6 +501,7 @@ def _catalog() -> dict[str, Experiment]:
         _state_tracking(),
         *_matrices(archs, conv_archs),
         _hybrids(),
+        _deep_hybrids(),
     ]
     return {e.name: e for e in experiments}
 

@@ -292,23 +292,18 @@ def test_the_deep_hybrids_put_attention_at_each_depth() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_hybrids_stack_and_replay_as_they_train_alone(tmp_path: Path) -> None:
+def test_cuda_hybrids_stack_and_replay_as_they_train_alone(tmp_path: Path, monkeypatch) -> None:
     """On a GPU: a stack of two hybrids (a parallel layer among them), its step replayed as
     a CUDA graph, ends as each trained alone with the eager single-run trainer."""
-    import os
-
     data = build_datasets(resolve(config()).task)
     layers = {"layers": [{"parallel": ["attention", "mamba"]}, "gated_deltanet"]}
     cfgs = [
         config(model=layers, lr=3e-3, seed=s, device="cuda", steps=12, eval_every=6) for s in (0, 1)
     ]
     train_group(cfgs, [tmp_path / "g0", tmp_path / "g1"], datasets=data)
-    os.environ["MECHEVAL_CUDA_GRAPH"] = "0"
-    try:
-        for i, cfg in enumerate(cfgs):
-            train(cfg, tmp_path / f"s{i}", datasets=data)
-    finally:
-        del os.environ["MECHEVAL_CUDA_GRAPH"]
+    monkeypatch.setenv("MECHEVAL_CUDA_GRAPH", "0")
+    for i, cfg in enumerate(cfgs):
+        train(cfg, tmp_path / f"s{i}", datasets=data)
     for i in range(2):
         group, alone = (load_file(tmp_path / f"{w}{i}" / "model.safetensors") for w in "gs")
         for key in group:

@@ -57,7 +57,8 @@ holds it to its one-by-one runs), with three costs of speed, not correctness:
 
 A stack pays where small models leave a device idle (a GPU, many cores): there the step runs
 on the device from batch to update and is replayed as one CUDA graph (group_trainer.py,
-stack_feed.py, captured.py). On a CPU, batching a compute-bound step adds no parallelism:
+stack_feed.py, captured.py); a lone run there trains as a stack of one for that replay
+(:func:`_replays_alone` says where). On a CPU, batching a compute-bound step adds no parallelism:
 sweeps there train one run at a time unless asked (docs/performance.md has the figures and
 benchmarks/bench_training.py measures them).
 """

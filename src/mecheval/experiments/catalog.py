@@ -76,12 +76,8 @@ class Experiment:
             for kind in tasks:
                 get_task(kind)  # an unknown kind fails now, naming the known ones
             grid[TASK_AXIS] = list(dict.fromkeys(tasks))
-        if archs is not None and "model.layers" in grid:
-            raise ConfigError(
-                f"--archs: experiment {self.name!r} sets each layer's architecture "
-                "(model.layers); it takes no --archs"
-            )
         if archs is not None:
+            self._check_takes_archs(grid)
             own = list(grid.get("model.architecture", []))
             if self.accepts is None and own != _archs():
                 # An experiment about named architectures runs a subset of them, under the
@@ -111,6 +107,13 @@ class Experiment:
             grid=grid,
             per_architecture={a: o for a, o in per_architecture.items() if a in running},
         )
+
+    def _check_takes_archs(self, grid: dict[str, list[Any]]) -> None:
+        if "model.layers" in grid:
+            raise ConfigError(
+                f"--archs: experiment {self.name!r} sets each layer's architecture "
+                "(model.layers); it takes no --archs"
+            )
 
 
 def _archs() -> list[str]:

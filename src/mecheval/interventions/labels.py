@@ -328,9 +328,20 @@ def label_mechanism(
         intervals=intervals,
         null=null,
     )
-    if layer_names is None or best is None or readings.at_label_site != LABELS:
+    return _naming_the_carrier(read, likelihood, layer_names, readings)
+
+
+def _naming_the_carrier(
+    read: MechanismLabel,
+    likelihood: pd.DataFrame,
+    layer_names: Sequence[str] | None,
+    readings: Readings,
+) -> MechanismLabel:
+    """A hybrid's retrieval label naming the layer that carries it (carriers.py); any other
+    label as read."""
+    if layer_names is None or read.role is None or readings.at_label_site != LABELS:
         return read
-    found = carrier(likelihood, layer_names, original, corrupted, read.bar)
+    found = carrier(likelihood, layer_names, read.original, read.corrupted, read.bar)
     return read if found is None else replace(read, label=str(found), carrier=found)
 
 

@@ -132,8 +132,7 @@ def architecture(
             build = target
         else:
             raise TypeError(f"architecture {name!r}: expected a Mixer subclass or a builder")
-        if HYBRID_JOIN in name or PARALLEL_JOIN in name:
-            raise ValueError(f"architecture {name!r}: '+' and '~' join a hybrid's layers")
+        _check_name(name)
         doc = (target.__doc__ or "").strip().split("\n")[0]
         register(
             Architecture(
@@ -217,6 +216,12 @@ def discover() -> None:
             ) from None
         if isinstance(loaded, Architecture) and loaded.name not in ARCHITECTURES:
             register(loaded)
+
+
+def _check_name(name: str) -> None:
+    """A registered name cannot hold what joins a hybrid's layers in its name."""
+    if HYBRID_JOIN in name or PARALLEL_JOIN in name:
+        raise ValueError(f"architecture {name!r}: '+' and '~' join a hybrid's layers")
 
 
 def available_architectures() -> list[str]:

@@ -36,7 +36,10 @@ from mecheval.training.stacking.captured import graphs_enabled
 
 
 def lone_runs_replay(groups: Sequence[Sequence[Job]]) -> bool:
-    """Whether every group is a lone run on a device where its step would be replayed."""
+    """Whether every group is a lone run on a device where its step would be replayed: then
+    they train in this process one after another, whatever ``workers`` (side by side a lone
+    run trains eagerly, see stacking/group.py; one after another it is replayed, several
+    times faster on a card)."""
     return all(len(group) == 1 for group in groups) and all(
         graphs_enabled(torch.device(group[0].device)) for group in groups
     )
@@ -49,11 +52,7 @@ def run_local(
     group_size: int = 1,
 ) -> list[Outcome]:
     groups = group_jobs(jobs, group_size)
-    if workers > 1 and on_one_gpu(jobs) and lone_runs_replay(groups):
-        # Side by side a lone run trains eagerly (see stacking/group.py); one after another
-        # its step is replayed as a CUDA graph, several times faster on a card.
-        workers = 1
-    if workers <= 1:
+    if workers <= 1 or (on_one_gpu(jobs) and lone_runs_replay(groups)):
         sink = CallbackSink(on_progress) if on_progress else None
         with stop_on_sigterm():
             results = []

@@ -2,7 +2,7 @@
 group of K (training/stacking/group.py), and a naive baseline with full-vocabulary logits
 everywhere.
 
-Three ways to do the same K x steps optimizer steps of AR training, timed in the same run:
+Ways to do the same optimizer steps of AR training, timed in the same run:
 
 * ``naive``: one model at a time, logits at every position ([B, T, V]) and a cross-entropy
   masked to the answer (what a generic LM training loop computes);

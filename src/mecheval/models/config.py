@@ -14,6 +14,8 @@ from pydantic import (
     model_validator,
 )
 
+from mecheval.errors import validate
+
 #: how a hybrid's name joins its layers' architectures (``mamba+attention``), and a parallel
 #: layer's branches (``attention~mamba``: no character the shell reads, unlike ``|``)
 HYBRID_JOIN = "+"
@@ -168,6 +170,4 @@ class ModelConfig(BaseModel):
 def layers_name(layers: list[Any]) -> str:
     """The architecture name a ``model.layers`` value gives a model (``mamba+attention``;
     one name where all layers are alike), as ModelConfig sets it."""
-    from mecheval.errors import validate
-
     return validate(ModelConfig, {"layers": layers}, prefix="model").architecture

@@ -130,6 +130,12 @@ def test_mechanism_json_holds_the_carrier_of_hybrids_only(tmp_path, monkeypatch)
     }  # fmt: skip
     assert hybrid["label"] == "induction in layer 1 (attention)"
     assert "carrier" not in plain
+    from mecheval.experiments.store import label_records
+
+    records = label_records(tmp_path).set_index("run")
+    carriers = records[["carrier layer", "carrier architecture", "reads"]]
+    assert carriers.loc["hybrid"].tolist() == [1, "attention", "induction"]
+    assert carriers.loc["plain"].isna().all()
 
 
 @pytest.mark.parametrize("layers", [["mamba", {"parallel": ["attention", "hyena"]}]])

@@ -48,7 +48,8 @@ class Experiment:
     #: check on a few of its points
     tiny_grid: dict[str, list[Any]] | None = None
     #: the report adds a mechanism matrix (report/matrix.py's MATRICES): architectures by
-    #: "task", by "short conv" setting or by task and "eigenvalues" range; "" none
+    #: "task", by "short conv" setting or by task and "eigenvalues" range; or LAYERS_MATRIX,
+    #: two-layer models' layer 0 by layer 1 (report/layer_matrix.py); "" none
     matrix: str = ""
     #: which architectures the experiment can train (None: any); its default and
     #: ``--archs all`` keep these only
@@ -432,6 +433,9 @@ def _matrices(archs: list[str], conv_archs: list[str]) -> list[Experiment]:
     ]
 
 
+#: ``Experiment.matrix`` of the two-layer hybrids: layer 0 by layer 1, per task.
+LAYERS_MATRIX = "layers"
+
 #: The architectures ``reproduce hybrids`` pairs: attention and four recurrent or
 #: convolutional mixers (a selective SSM, the two delta rules, a long convolution).
 HYBRID_PARTS = ["attention", "mamba", "deltanet", "gated_deltanet", "hyena"]
@@ -454,8 +458,31 @@ def _hybrids() -> Experiment:
         ("ar-restore", "mqar-restore"),
         fixed={"training.stop_at_accuracy": MATRIX_STOP_AT},
         fixed_at={"quick": recipe, "tiny": {"training.lr": 3e-3}},
+        matrix=LAYERS_MATRIX,
         tiny_grid={
             "model.layers": [["mamba", "attention"], ["attention", "mamba"], ["hyena"] * 2],
+            "model.d_model": [16],
+        },
+    )
+
+
+def _reassign_hybrids() -> Experiment:
+    """The two-layer models of ``hybrids`` on reassign AR, a task that needs both kinds of
+    memory: where the latest binding comes back, and whether a recurrent layer's state holds
+    the answer when the query comes."""
+    pairs = [[first, second] for first in HYBRID_PARTS for second in HYBRID_PARTS]
+    return Experiment(
+        "reassign-hybrids",
+        "The two-layer hybrids and their pure forms on reassign AR (the query key's value "
+        "changes twice): where the latest binding comes back, and whether a state holds it",
+        "reassign_ar",
+        {"model.layers": pairs, "model.d_model": [64]},
+        ("reassign-ar-restore",),
+        fixed={"training.stop_at_accuracy": MATRIX_STOP_AT},
+        fixed_at={"quick": {"training.lr": 3e-3}, "tiny": {"training.lr": 3e-3}},
+        matrix=LAYERS_MATRIX,
+        tiny_grid={
+            "model.layers": [["mamba", "attention"], ["attention", "mamba"]],
             "model.d_model": [16],
         },
     )
@@ -504,6 +531,7 @@ def _catalog() -> dict[str, Experiment]:
         _state_tracking(),
         *_matrices(archs, conv_archs),
         _hybrids(),
+        _reassign_hybrids(),
         _deep_hybrids(),
     ]
     return {e.name: e for e in experiments}

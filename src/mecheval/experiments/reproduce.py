@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from mecheval.experiments.catalog import Experiment, get_experiment
+from mecheval.experiments.catalog import LAYERS_MATRIX, Experiment, get_experiment
 from mecheval.experiments.grid import TASK_AXIS, SweepSpec
 from mecheval.experiments.plan import restrict, with_overrides
 
@@ -75,7 +75,11 @@ def report_experiment(
 
     table = normalise(load_results(experiment_dir))
     results, skipped = available_figures(table, list(report_figures(experiment, spec)))
-    if experiment.matrix:
+    if experiment.matrix == LAYERS_MATRIX:
+        from mecheval.report.layer_matrix import render_layer_matrix
+
+        results.insert(0, render_layer_matrix(label_records(experiment_dir), experiment.name))
+    elif experiment.matrix:
         from mecheval.report.matrix import MATRICES, render_matrix
 
         columns = replace(MATRICES[experiment.matrix], name=experiment.name)

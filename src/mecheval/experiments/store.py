@@ -414,8 +414,9 @@ def label_records(experiment_dir: str | Path) -> pd.DataFrame:
     setting, None: the architecture's default), architecture,
     status, reason, dev and test accuracy (fractions), negative eigenvalues (the mixer's
     ``allow_neg_eigval``, None where it has none), and from ``mechanism.json`` the label, the
-    accuracy on the documents it was read on (the plan's split), and the role that recovers
-    most with its fraction (empty where no label was written)."""
+    accuracy on the documents it was read on (the plan's split), the role that recovers most
+    with its fraction, and a hybrid's carrier (its layer, architecture and what it reads;
+    empty where no label or carrier was written)."""
     rows = []
     for run_dir in run_dirs(Path(experiment_dir)):
         config = read_config_data(run_dir)
@@ -434,16 +435,23 @@ def label_records(experiment_dir: str | Path) -> pd.DataFrame:
             "accuracy": None,
             "best role": None,
             "recovered": None,
+            "carrier layer": None,
+            "carrier architecture": None,
+            "reads": None,
         }
         label = read_label(run_dir)
         if label is not None:
             recovered = label.get("recovered") or {}
             best = max(recovered, key=recovered.__getitem__) if recovered else None
+            carrier = label.get("carrier") or {}
             row |= {
                 "label": label["label"],
                 "accuracy": label.get("accuracy"),
                 "best role": best,
                 "recovered": None if best is None else recovered[best],
+                "carrier layer": carrier.get("layer"),
+                "carrier architecture": carrier.get("architecture"),
+                "reads": carrier.get("reads"),
             }
         rows.append(row)
     return pd.DataFrame(rows)

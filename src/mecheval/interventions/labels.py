@@ -317,7 +317,7 @@ def label_mechanism(
     intervals = {} if per_example is None else _intervals(per_example, where, bootstrap)
     read = MechanismLabel(
         label,
-        state_sites.get(best or "", site),
+        site if readings.state_adds else state_sites.get(best or "", site),
         original,
         corrupted,
         restored,
@@ -328,7 +328,28 @@ def label_mechanism(
         intervals=intervals,
         null=null,
     )
-    return _naming_the_carrier(read, likelihood, layer_names, readings)
+    read = _naming_the_carrier(read, likelihood, layer_names, readings)
+    return _adding_the_state(read, readings, state_sites, names, thresholds)
+
+
+def _adding_the_state(
+    read: MechanismLabel,
+    readings: Readings,
+    state_sites: dict[str, str],
+    names: dict[str, str],
+    thresholds: Thresholds,
+) -> MechanismLabel:
+    """With ``readings.state_adds``: a restore label with the state readings that recover at
+    least ``min_fraction`` added, each naming its layer ("direct retrieval, layer 0; held in
+    the state before the query (layer 0)"); any other label as read."""
+    if not readings.state_adds or read.role is None:
+        return read
+    held = [
+        f"{names[key]} (layer {state_site_layer(site)})"
+        for key, site in state_sites.items()
+        if read.recovered[key] >= thresholds.min_fraction
+    ]
+    return replace(read, label="; ".join([read.label, *held])) if held else read
 
 
 def _naming_the_carrier(
@@ -458,6 +479,9 @@ def _deciding_role(
     """The role whose restore names the mechanism, None where none reaches the threshold
     (and, at the label site, rises above the ``null``'s upper bound)."""
     floor = -math.inf if null is None else null.high
+    if readings.state_adds:  # the label site's roles decide; the states are added after
+        recovered = {role: f for role, f in recovered.items() if role not in state_sites}
+        state_sites = {}
 
     def counts(role: str) -> bool:
         above_null = role in state_sites or recovered[role] > floor

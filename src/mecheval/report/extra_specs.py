@@ -100,6 +100,18 @@ def overwrite_ar_restore(df: pd.DataFrame) -> Heatmaps:
 
 
 @figure(
+    "reassign-ar-restore",
+    "As ar-restore on reassign AR: whether the answer comes from the query key's latest "
+    "binding (@ key, value) or the one before it (@ stale key, stale value).",
+)
+def reassign_ar_restore(df: pd.DataFrame) -> Heatmaps:
+    """Reassign AR: as Fig. 3, restored @ key, value, query (the latest binding) and
+    @ stale key, stale value (the binding before it)."""
+    roles = ("key", "value", "query", "stale_key", "stale_value")
+    return restore_heatmaps(df, "reassign_ar", "Reassign AR", roles)
+
+
+@figure(
     "mqar-restore",
     "As ar-restore on MQAR, one probe per query: which role's restore brings each answer back.",
 )

@@ -34,7 +34,10 @@ class Readings:
     without binding; a task whose every answer class is a candidate: ``not learned``).
     ``chance_is_floor``: an accuracy below that chance reads ``at_chance`` too (where every
     answer is a candidate, no model below chance has learned anything; AR's model below chance
-    may still bind in part).
+    may still bind in part). ``state_adds``: the state sites do not compete with the label
+    site; the label site's roles decide the label, and a state reading that recovers at least
+    ``min_fraction`` is added to it, naming its layer ("direct retrieval, layer 0; held in the
+    state before the query (layer 0)").
     """
 
     at_label_site: Mapping[str, str]
@@ -42,6 +45,7 @@ class Readings:
     first_reached: bool = False
     at_chance: str = CANDIDATES_ONLY
     chance_is_floor: bool = False
+    state_adds: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "at_label_site", _frozen(self.at_label_site))
@@ -70,4 +74,14 @@ STATE_TRACKING = Readings(
     first_reached=True,
     at_chance="not learned",
     chance_is_floor=True,
+)
+
+#: Retrieval of a binding that changes (tasks/reassign_ar.py): where the latest binding comes
+#: back, read as retrieval's, and, added to it, whether a layer's recurrent state restored at
+#: the divider brings the answer back: the value the query key holds last is in that state
+#: when the query comes.
+RETRIEVAL_AND_STATE = Readings(
+    RETRIEVAL.at_label_site,
+    in_state={"divider": "held in the state before the query"},
+    state_adds=True,
 )

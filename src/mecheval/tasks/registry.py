@@ -20,6 +20,7 @@ from mecheval.tasks.compositional_mqar import CompositionalMQARConfig
 from mecheval.tasks.mqar import MQARConfig
 from mecheval.tasks.noisy_ar import NoisyARConfig
 from mecheval.tasks.overwrite_ar import OverwriteARConfig
+from mecheval.tasks.reassign_ar import ReassignARConfig
 from mecheval.tasks.reverse_ar import ReverseARConfig
 from mecheval.tasks.stacked_mqar import StackedMQARConfig
 from mecheval.tasks.state_tracking import ParityConfig, S3Config
@@ -48,6 +49,7 @@ for _task in (
     ATRConfig,
     NoisyARConfig,
     OverwriteARConfig,
+    ReassignARConfig,
     MQARConfig,
     CompositionalMQARConfig,
     ReverseARConfig,

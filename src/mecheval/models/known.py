@@ -1,0 +1,128 @@
+"""Models whose mechanism is known because their weights are set by hand: the label the
+interventions read from them is known before they are read.
+
+``induction_by_hand``: an induction circuit of two one-head attention layers on an AR-family
+task, the classic one. The residual stream holds three blocks of one-hot coordinates: the
+token (its embedding; the LM head is tied to it), the previous token, and the position. The
+first attention layer (``copy``) attends from each position to the one before it and writes
+that token into the previous-token block; the second (``read``) attends from the query to
+the position whose previous token is the query's token, the value after the key's
+occurrence, and writes that value's token, scaled up, into the token block, which the LM
+head reads. Every other layer passes its input through: its mixer's output projection is
+zero (mixers with an ``out_proj``: attention, Mamba, Mamba-2, Mamba-3, Hyena). So a model of
+layers ``[mamba, attention, attention]`` reads "induction in layer 2 (attention)", and
+``[attention, attention, mamba]`` "induction in layer 1 (attention)".
+
+Layer norms are the reason for the scales: every position's residual holds the same number
+of one-hot coordinates of the same size, so a block's norm maps every position alike, and
+the dot products the heads compare differ only where the one-hot coordinates meet.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mecheval.errors import ConfigError
+from mecheval.models.backbone import LanguageModel
+from mecheval.models.config import ModelConfig
+from mecheval.models.mixers.attention import Attention
+
+#: The size of every one-hot coordinate the embedding writes.
+EMBED = 4.0
+#: The gain of the retrieved value's token over the query's own (the LM head's margin).
+READ_GAIN = 12.0
+
+
+def _layout(config: ModelConfig) -> tuple[int, int, int]:
+    """(vocabulary, positions, d_model), checked to fit three one-hot blocks."""
+    vocab, length, d = config.vocab_size, config.max_len, config.d_model
+    if vocab is None or length is None:
+        raise ConfigError("induction_by_hand: model.vocab_size and model.max_len must be set")
+    if 2 * vocab + length > d:
+        raise ConfigError(
+            f"model.d_model: induction_by_hand needs 2 * vocab_size + max_len = "
+            f"{2 * vocab + length} coordinates, got {d}"
+        )
+    return vocab, length, d
+
+
+def _one_head_attention(model: LanguageModel, layer: int) -> Attention:
+    mixer = model.layers[layer].mixer
+    if not isinstance(mixer, Attention) or mixer.num_heads != 1:
+        raise ConfigError(f"model.layers[{layer}]: induction_by_hand needs one-head attention")
+    return mixer
+
+
+def _pass_through(block: nn.Module, layer: int) -> None:
+    out = getattr(block.mixer, "out_proj", None)
+    if not isinstance(out, nn.Linear):
+        raise ConfigError(
+            f"model.layers[{layer}]: induction_by_hand passes a layer through by zeroing its "
+            f"mixer's out_proj; {type(block.mixer).__name__} has none"
+        )
+    out.weight.zero_()
+    if out.bias is not None:
+        out.bias.zero_()
+
+
+def induction_by_hand(config: ModelConfig, copy: int, read: int) -> LanguageModel:
+    """A model of ``config`` (its ``layers``, learned positions on) whose layer ``copy``
+    writes each position's previous token and whose layer ``read`` retrieves the value after
+    the query's key (``copy`` < ``read``, both one-head attention); every other layer is
+    passed through."""
+    vocab, length, d = _layout(config)
+    if not 0 <= copy < read < config.n_layers:
+        raise ConfigError(f"induction_by_hand: need 0 <= copy < read < {config.n_layers}")
+    if not config.position_embedding:
+        raise ConfigError("model.position_embedding: induction_by_hand needs learned positions")
+    model = LanguageModel(config)
+    tok, pos = torch.arange(vocab), 2 * vocab
+    with torch.no_grad():
+        for module in model.modules():  # every norm as built: weight 1, bias 0
+            if isinstance(module, nn.LayerNorm) or type(module).__name__ == "RMSNorm":
+                module.weight.fill_(1.0)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.zero_()
+        model.embedding.weight.zero_()
+        model.embedding.weight[tok, tok] = EMBED
+        assert model.position is not None
+        model.position.weight.zero_()
+        model.position.weight[torch.arange(length), pos + torch.arange(length)] = EMBED
+        for i, block in enumerate(model.layers):
+            if block.mlp is not None:  # every MLP adds nothing
+                block.mlp.fc2.weight.zero_()
+                block.mlp.fc2.bias.zero_()
+            if i not in (copy, read):
+                _pass_through(block, i)
+        _copy_previous(_one_head_attention(model, copy), vocab, length, d)
+        _read_after_match(_one_head_attention(model, read), vocab, d)
+    return model
+
+
+def _copy_previous(attention: Attention, vocab: int, length: int, d: int) -> None:
+    """Query at position p matches key at p - 1 (head coordinates j: the query reads position
+    j + 1, the key position j); the value is the token, written into the previous-token
+    block."""
+    q, k, v = attention.qkv.weight.zero_().view(3, d, d)
+    pos = 2 * vocab
+    j = torch.arange(length - 1)
+    q[j, pos + j + 1] = 1.0
+    k[j, pos + j] = 1.0
+    v[torch.arange(vocab), torch.arange(vocab)] = 1.0
+    attention.out_proj.weight.zero_()
+    attention.out_proj.bias.zero_()
+    attention.out_proj.weight[vocab + torch.arange(vocab), torch.arange(vocab)] = 1.0
+
+
+def _read_after_match(attention: Attention, vocab: int, d: int) -> None:
+    """Query: the token; key: the previous token; value: the token, written back into the
+    token block READ_GAIN times over."""
+    q, k, v = attention.qkv.weight.zero_().view(3, d, d)
+    t = torch.arange(vocab)
+    q[t, t] = 1.0
+    k[t, vocab + t] = 1.0
+    v[t, t] = 1.0
+    attention.out_proj.weight.zero_()
+    attention.out_proj.bias.zero_()
+    attention.out_proj.weight[t, t] = READ_GAIN

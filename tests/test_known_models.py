@@ -1,7 +1,8 @@
-"""Models whose mechanism is known (models/known.py): an induction circuit set by hand, alone
-and with a pass-through Mamba layer before or after it. The exact protocol must read the
-label the weights were built to have, and the circuit is checked on its own terms first:
-the copy layer writes each position's previous token, the model answers every document."""
+"""Models whose mechanism is known (models/known.py): an induction circuit of two attention
+layers and a DeltaNet layer that retrieves directly, set by hand, alone and beside layers
+that pass their input through. The exact protocol must read the label the weights were
+built to have; each circuit is also checked on its own terms (the copy layer writes each
+position's previous token; every document is answered)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from mecheval.errors import ConfigError
 from mecheval.experiments.mechanisms import InterventionPlan, intervene_run
 from mecheval.interventions.patch import record
 from mecheval.models import ModelConfig
-from mecheval.models.known import induction_by_hand
+from mecheval.models.known import direct_retrieval_by_hand, induction_by_hand
 from mecheval.tasks import build_datasets, parse_task
 from mecheval.training import load_run, resolve, train
 from mecheval.training.config import config_from_data
@@ -23,10 +24,10 @@ TASK = {"kind": "ar", "n_keys": 8, "n_values": 8, "n_pairs": 4}
 SPLITS = {"n_train": 64, "n_dev": 64, "n_test": 64}
 
 
-def run_folder(tmp_path: Path, layers: list[str]) -> tuple:
+def run_folder(tmp_path: Path, layers: list[str], task: dict = TASK) -> tuple:
     """A run folder of ``layers`` (trained one step, for its config and data), and its config."""
     data = {
-        "task": {**TASK, **SPLITS},
+        "task": {**task, **SPLITS},
         "model": {"layers": layers, "d_model": 64, "position_embedding": True},
         "training": {"lr": 1e-3, "steps": 1, "eval_every": 1, "batch_size": 16},
     }
@@ -74,11 +75,57 @@ def test_the_protocol_reads_the_mechanism_the_weights_were_built_to_have(
 
 
 @pytest.mark.parametrize(
+    ("layers", "layer", "label"),
+    [
+        (["deltanet", "deltanet"], 0, "direct retrieval, layer 0"),
+        (["deltanet", "attention"], 0, "direct retrieval in layer 0 (deltanet)"),
+        (["mamba", "deltanet"], 1, "direct retrieval in layer 1 (deltanet)"),
+    ],
+)
+def test_a_delta_rule_set_to_retrieve_at_the_query_reads_direct_retrieval(
+    tmp_path, layers: list[str], layer: int, label: str
+) -> None:
+    run_dir, cfg = run_folder(tmp_path, layers)
+    model = direct_retrieval_by_hand(cfg.model, layer).eval()
+    batch = build_datasets(parse_task({**TASK, **SPLITS}))["test"].batch(torch.arange(64))
+    with torch.no_grad():
+        answers = model(batch.tokens)[torch.arange(64), batch.roles["query"]].argmax(-1)
+    assert torch.equal(answers, batch.answer)
+    read_ = intervene_run(run_dir, InterventionPlan(split="dev"), loaded=(cfg, model)).label
+    assert read_.label == label
+    # The DeltaNet layer's input holds the key at the key's position: restoring it there (at
+    # layer 1's input) brings the answer back; in layer 0 only the query's restore does.
+    assert read_.role == ("key" if layer == 1 else "query")
+
+
+@pytest.mark.parametrize(
+    ("layers", "layer", "label"),
+    [
+        (["deltanet", "deltanet"], 0, "direct retrieval, layer 0; held in the state before the "
+         "query (layer 0)"),
+        (["mamba", "deltanet"], 1, "direct retrieval in layer 1 (deltanet); held in the state "
+         "before the query (layer 1)"),
+    ],
+)  # fmt: skip
+def test_a_delta_rule_holds_a_reassigned_value_in_its_state(
+    tmp_path, layers: list[str], layer: int, label: str
+) -> None:
+    """On reassign AR the hand-set delta rule (β = 1) replaces a key's value at each
+    rebinding, so its state holds the latest one when the query comes."""
+    task = {"kind": "reassign_ar", "n_keys": 8, "n_values": 8, "n_pairs": 3, "n_changes": 3,
+            "query_changes": 2}  # fmt: skip
+    run_dir, cfg = run_folder(tmp_path, layers, task)
+    model = direct_retrieval_by_hand(cfg.model, layer).eval()
+    read_ = intervene_run(run_dir, InterventionPlan(split="dev"), loaded=(cfg, model)).label
+    assert read_.original > 0.99 and read_.label == label
+
+
+@pytest.mark.parametrize(
     ("layers", "copy", "read", "d_model", "says"),
     [
         (["attention", "attention"], 0, 1, 40, "model.d_model: induction_by_hand needs"),
         (["mamba", "attention"], 0, 1, 64, "model.layers[0]: induction_by_hand needs one-head"),
-        (["deltanet", "attention", "attention"], 1, 2, 64, "DeltaNet has none"),
+        (["hawk", "attention", "attention"], 1, 2, 64, "Hawk has neither"),
         (["attention", "attention"], 1, 0, 64, "need 0 <= copy < read < 2"),
     ],
 )
@@ -89,3 +136,13 @@ def test_impossible_circuits_are_one_line(layers, copy, read, d_model, says) -> 
     with pytest.raises(ConfigError) as err:
         induction_by_hand(cfg, copy, read)
     assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_direct_retrieval_layer_must_be_a_one_head_delta_rule_with_a_conv() -> None:
+    for layers, says in (
+        (["attention", "attention"], "model.layers[0]: direct_retrieval_by_hand needs"),
+        (["deltanet", "h3"], "model.layers[1]: a known model passes a layer through"),
+    ):
+        cfg = ModelConfig(layers=layers, d_model=64, vocab_size=19, max_len=11)
+        with pytest.raises(ConfigError, match=r"^" + says.replace("[", r"\[")):
+            direct_retrieval_by_hand(cfg, 0)

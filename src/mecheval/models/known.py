@@ -9,9 +9,16 @@ that token into the previous-token block; the second (``read``) attends from the
 the position whose previous token is the query's token, the value after the key's
 occurrence, and writes that value's token, scaled up, into the token block, which the LM
 head reads. Every other layer passes its input through: its mixer's output projection is
-zero (mixers with an ``out_proj``: attention, Mamba, Mamba-2, Mamba-3, Hyena). So a model of
-layers ``[mamba, attention, attention]`` reads "induction in layer 2 (attention)", and
-``[attention, attention, mamba]`` "induction in layer 1 (attention)".
+zero (mixers with an ``out_proj`` or ``o_proj``: attention, Mamba, Mamba-2, Mamba-3, Hyena,
+DeltaNet, Gated DeltaNet, GLA, RetNet). So a model of layers ``[mamba, attention, attention]``
+reads "induction in layer 2 (attention)", and ``[attention, attention, mamba]`` "induction in
+layer 1 (attention)".
+
+``direct_retrieval_by_hand``: one one-head DeltaNet layer whose short convolutions give its
+key the previous token and its value and query the current one, with β = 1: it writes each
+pair into its state, replacing what the key held, and reads the value at the query. Alone it
+reads "direct retrieval, layer 0"; after a pass-through layer "direct retrieval in layer 1
+(deltanet)"; on reassign AR its state holds the latest value before the query.
 
 Layer norms are the reason for the scales: every position's residual holds the same number
 of one-hot coordinates of the same size, so a block's norm maps every position alike, and
@@ -27,6 +34,7 @@ from mecheval.errors import ConfigError
 from mecheval.models.backbone import LanguageModel
 from mecheval.models.config import ModelConfig
 from mecheval.models.mixers.attention import Attention
+from mecheval.models.mixers.deltanet import DeltaNet
 
 #: The size of every one-hot coordinate the embedding writes.
 EMBED = 4.0
@@ -55,15 +63,42 @@ def _one_head_attention(model: LanguageModel, layer: int) -> Attention:
 
 
 def _pass_through(block: nn.Module, layer: int) -> None:
-    out = getattr(block.mixer, "out_proj", None)
+    """The block adds nothing: its mixer's output projection and its MLP's output are zero."""
+    out = getattr(block.mixer, "out_proj", getattr(block.mixer, "o_proj", None))
     if not isinstance(out, nn.Linear):
         raise ConfigError(
-            f"model.layers[{layer}]: induction_by_hand passes a layer through by zeroing its "
-            f"mixer's out_proj; {type(block.mixer).__name__} has none"
+            f"model.layers[{layer}]: a known model passes a layer through by zeroing its "
+            f"mixer's out_proj or o_proj; {type(block.mixer).__name__} has neither"
         )
     out.weight.zero_()
     if out.bias is not None:
         out.bias.zero_()
+
+
+def _blank(config: ModelConfig, keep: tuple[int, ...]) -> LanguageModel:
+    """A model of ``config`` whose embedding writes one one-hot coordinate per token (and per
+    position, where it has learned positions), whose norms are as built, whose MLPs add
+    nothing and whose layers but ``keep`` pass their input through."""
+    vocab, length, _ = _layout(config)
+    model = LanguageModel(config)
+    for module in model.modules():  # every norm as built: weight 1, bias 0
+        if isinstance(module, nn.LayerNorm) or type(module).__name__ == "RMSNorm":
+            module.weight.fill_(1.0)
+            if getattr(module, "bias", None) is not None:
+                module.bias.zero_()
+    tok = torch.arange(vocab)
+    model.embedding.weight.zero_()
+    model.embedding.weight[tok, tok] = EMBED
+    if model.position is not None:
+        model.position.weight.zero_()
+        model.position.weight[torch.arange(length), 2 * vocab + torch.arange(length)] = EMBED
+    for i, block in enumerate(model.layers):
+        if block.mlp is not None:
+            block.mlp.fc2.weight.zero_()
+            block.mlp.fc2.bias.zero_()
+        if i not in keep:
+            _pass_through(block, i)
+    return model
 
 
 def induction_by_hand(config: ModelConfig, copy: int, read: int) -> LanguageModel:
@@ -76,27 +111,56 @@ def induction_by_hand(config: ModelConfig, copy: int, read: int) -> LanguageMode
         raise ConfigError(f"induction_by_hand: need 0 <= copy < read < {config.n_layers}")
     if not config.position_embedding:
         raise ConfigError("model.position_embedding: induction_by_hand needs learned positions")
-    model = LanguageModel(config)
-    tok, pos = torch.arange(vocab), 2 * vocab
     with torch.no_grad():
-        for module in model.modules():  # every norm as built: weight 1, bias 0
-            if isinstance(module, nn.LayerNorm) or type(module).__name__ == "RMSNorm":
-                module.weight.fill_(1.0)
-                if getattr(module, "bias", None) is not None:
-                    module.bias.zero_()
-        model.embedding.weight.zero_()
-        model.embedding.weight[tok, tok] = EMBED
-        assert model.position is not None
-        model.position.weight.zero_()
-        model.position.weight[torch.arange(length), pos + torch.arange(length)] = EMBED
-        for i, block in enumerate(model.layers):
-            if block.mlp is not None:  # every MLP adds nothing
-                block.mlp.fc2.weight.zero_()
-                block.mlp.fc2.bias.zero_()
-            if i not in (copy, read):
-                _pass_through(block, i)
+        model = _blank(config, (copy, read))
         _copy_previous(_one_head_attention(model, copy), vocab, length, d)
         _read_after_match(_one_head_attention(model, read), vocab, d)
+    return model
+
+
+#: How far the DeltaNet layer's projections scale the normed one-hot token (SiLU then passes
+#: it almost unchanged and all but zeroes the small negative rest).
+DELTA_SCALE = 4.0
+
+
+def direct_retrieval_by_hand(config: ModelConfig, layer: int) -> LanguageModel:
+    """A model of ``config`` whose layer ``layer`` (one-head DeltaNet with its 4-tap short
+    convolutions) retrieves the value directly at the query: at each position it writes the
+    pair (previous token -> this token) into its state (β = 1: the delta rule replaces what
+    that key held), and at the query reads the state with the query's token, writing the
+    value's token into the token block READ_GAIN times over. Every other layer is passed
+    through."""
+    vocab = _layout(config)[0]
+    if not 0 <= layer < config.n_layers:
+        raise ConfigError(f"direct_retrieval_by_hand: need 0 <= layer < {config.n_layers}")
+    with torch.no_grad():
+        model = _blank(config, (layer,))
+        mixer = model.layers[layer].mixer
+        if not (
+            isinstance(mixer, DeltaNet)
+            and mixer.num_heads == 1
+            and getattr(mixer.k_conv, "kernel_size", 0) >= 2
+        ):
+            raise ConfigError(
+                f"model.layers[{layer}]: direct_retrieval_by_hand needs one-head DeltaNet "
+                "with a short convolution"
+            )
+        t = torch.arange(vocab)
+        for proj, conv, lag in (
+            (mixer.q_proj, mixer.q_conv, 0),  # the query's own token
+            (mixer.k_proj, mixer.k_conv, 1),  # the token before: the key
+            (mixer.v_proj, mixer.v_conv, 0),  # this token: the value
+        ):
+            proj.weight.zero_()
+            proj.weight[t, t] = DELTA_SCALE
+            conv.weight.zero_()
+            conv.weight[:, 0, conv.kernel_size - 1 - lag] = 1.0
+            if conv.bias is not None:
+                conv.bias.zero_()
+        mixer.b_proj.weight.zero_()
+        mixer.b_proj.weight[:, t] = DELTA_SCALE * 4  # β = sigmoid(large) = 1 at every token
+        mixer.o_proj.weight.zero_()
+        mixer.o_proj.weight[t, t] = READ_GAIN
     return model
 
 

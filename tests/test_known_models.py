@@ -15,8 +15,9 @@ from mecheval.errors import ConfigError
 from mecheval.experiments.mechanisms import InterventionPlan, intervene_run
 from mecheval.interventions.patch import record
 from mecheval.models import ModelConfig
-from mecheval.models.known import direct_retrieval_by_hand, induction_by_hand
+from mecheval.models.known import candidates_by_hand, direct_retrieval_by_hand, induction_by_hand
 from mecheval.tasks import build_datasets, parse_task
+from mecheval.tasks.vocab import N_SPECIAL
 from mecheval.training import load_run, resolve, train
 from mecheval.training.config import config_from_data
 
@@ -24,10 +25,10 @@ TASK = {"kind": "ar", "n_keys": 8, "n_values": 8, "n_pairs": 4}
 SPLITS = {"n_train": 64, "n_dev": 64, "n_test": 64}
 
 
-def run_folder(tmp_path: Path, layers: list[str], task: dict = TASK) -> tuple:
+def run_folder(tmp_path: Path, layers: list[str], task: dict = TASK, **splits) -> tuple:
     """A run folder of ``layers`` (trained one step, for its config and data), and its config."""
     data = {
-        "task": {**task, **SPLITS},
+        "task": {**task, **SPLITS, **splits},
         "model": {"layers": layers, "d_model": 64, "position_embedding": True},
         "training": {"lr": 1e-3, "steps": 1, "eval_every": 1, "batch_size": 16},
     }
@@ -118,6 +119,26 @@ def test_a_delta_rule_holds_a_reassigned_value_in_its_state(
     model = direct_retrieval_by_hand(cfg.model, layer).eval()
     read_ = intervene_run(run_dir, InterventionPlan(split="dev"), loaded=(cfg, model)).label
     assert read_.original > 0.99 and read_.label == label
+
+
+@pytest.mark.parametrize("layers", [["attention", "attention"], ["mamba", "attention"]])
+def test_attention_to_every_value_alike_reads_candidates_only(tmp_path, layers) -> None:
+    """The query's distribution is even over the document's values (checked on the logits),
+    so its accuracy is the chance of a guess among them: the label needs no restore."""
+    run_dir, cfg = run_folder(tmp_path, layers, n_dev=320)
+    model = candidates_by_hand(cfg.model, 1, int(cfg.task.value_id(0))).eval()
+    batch = build_datasets(parse_task({**TASK, **SPLITS}))["test"].batch(torch.arange(64))
+    with torch.no_grad():
+        logits = model(batch.tokens)[torch.arange(64), batch.roles["query"]]
+    for b in range(64):
+        context = batch.tokens[b, : int(batch.roles["divider"][b])]
+        values = context[context >= N_SPECIAL + TASK["n_keys"]]
+        on_values = logits[b, values]
+        assert len(values) == TASK["n_pairs"] and float(on_values.max() - on_values.min()) < 1e-3
+        assert float(on_values.min()) > float(logits[b].max()) - 1e-3  # the top of the vocabulary
+    read_ = intervene_run(run_dir, InterventionPlan(split="dev"), loaded=(cfg, model)).label
+    assert read_.label == "candidates only (no binding)" and read_.role is None
+    assert read_.in_context_accuracy == 1.0 and abs(read_.accuracy - 0.25) < 0.05
 
 
 @pytest.mark.parametrize(

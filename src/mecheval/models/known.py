@@ -20,6 +20,10 @@ pair into its state, replacing what the key held, and reads the value at the que
 reads "direct retrieval, layer 0"; after a pass-through layer "direct retrieval in layer 1
 (deltanet)"; on reassign AR its state holds the latest value before the query.
 
+``candidates_by_hand``: one one-head attention layer that attends from every position evenly
+to the value tokens before it: at the query every value of the document scores alike, the
+accuracy is the chance of a guess among them, "candidates only (no binding)".
+
 Layer norms are the reason for the scales: every position's residual holds the same number
 of one-hot coordinates of the same size, so a block's norm maps every position alike, and
 the dot products the heads compare differ only where the one-hot coordinates meet.
@@ -161,6 +165,32 @@ def direct_retrieval_by_hand(config: ModelConfig, layer: int) -> LanguageModel:
         mixer.b_proj.weight[:, t] = DELTA_SCALE * 4  # β = sigmoid(large) = 1 at every token
         mixer.o_proj.weight.zero_()
         mixer.o_proj.weight[t, t] = READ_GAIN
+    return model
+
+
+def candidates_by_hand(config: ModelConfig, layer: int, first_value: int) -> LanguageModel:
+    """A model of ``config`` for a task whose value tokens are the ids from ``first_value`` to
+    the end of the vocabulary (AR's layout: ``task.value_id(0)``), whose layer ``layer``
+    (one-head attention) attends from every position evenly to the value tokens before it
+    and writes their tokens into the token block: at the query every value of the document
+    scores alike, whichever the key. It has learned "answer with a value from the context"
+    and no binding: the protocol's "candidates only (no binding)". Every other layer is
+    passed through."""
+    vocab, _, d = _layout(config)
+    if not 0 <= layer < config.n_layers:
+        raise ConfigError(f"candidates_by_hand: need 0 <= layer < {config.n_layers}")
+    with torch.no_grad():
+        model = _blank(config, (layer,))
+        attention = _one_head_attention(model, layer)
+        q, k, v = attention.qkv.weight.zero_().view(3, d, d)
+        t = torch.arange(vocab)
+        values = torch.arange(first_value, vocab)
+        q[0, t] = 1.0  # the same at every position: each holds one token
+        k[0, values] = 1.0  # large where the token is a value
+        v[t, t] = 1.0
+        attention.out_proj.weight.zero_()
+        attention.out_proj.bias.zero_()
+        attention.out_proj.weight[t, t] = READ_GAIN
     return model
 
 

@@ -79,6 +79,7 @@ def test_the_protocol_reads_the_mechanism_the_weights_were_built_to_have(
     ("layers", "layer", "label"),
     [
         (["deltanet", "deltanet"], 0, "direct retrieval, layer 0"),
+        (["deltanet", "deltanet"], 1, "direct retrieval, layer >= 1"),
         (["deltanet", "attention"], 0, "direct retrieval in layer 0 (deltanet)"),
         (["mamba", "deltanet"], 1, "direct retrieval in layer 1 (deltanet)"),
     ],

@@ -168,3 +168,36 @@ def test_a_direct_retrieval_layer_must_be_a_one_head_delta_rule_with_a_conv() ->
         cfg = ModelConfig(layers=layers, d_model=64, vocab_size=19, max_len=11)
         with pytest.raises(ConfigError, match=r"^" + says.replace("[", r"\[")):
             direct_retrieval_by_hand(cfg, 0)
+
+
+def test_reproduce_known_mechanisms_reads_each_model_beside_its_built_label(tmp_path) -> None:
+    """Two of the command's models, written as run folders and read: the exact protocol
+    recovers both labels; a reading that differs is marked and counted, not an error."""
+    from mecheval.experiments.gather import load_folders
+    from mecheval.experiments.known import KNOWN, known_markdown, read_known
+
+    cases = [k for k in KNOWN if k.name in ("induction-after-mamba", "candidates-only")]
+    table = read_known(tmp_path, cases, methods=("attribution",))
+    assert table["model"].tolist() == ["induction-after-mamba", "candidates-only"]
+    assert table["exact"].tolist() == table["built as"].tolist()
+    table.loc[0, "attribution"] = "unclear"  # as attribution reads the saturated circuit
+    lines = known_markdown(table, methods=("attribution",)).splitlines()
+    assert "| unclear (differs)" in lines[4] and "(differs)" not in lines[5]
+    assert lines[-1] == "Read as built, of 2: exact 2, attribution 1."
+    # Each is a run folder as any other: built, not trained (step 0), read by `results`.
+    rows = load_folders([tmp_path])
+    assert set(rows["run"]) == {"candidates-only", "induction-after-mamba"}
+    assert set(rows["status"]) == {"done"} and set(rows["step"]) == {0}
+
+
+def test_reproduce_known_mechanisms_refuses_sweep_options_before_writing(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    from small_runs import run_cli
+
+    code, out, err = run_cli(
+        monkeypatch, capsys, "reproduce", "known-mechanisms", "--lrs", "1e-3",
+        "--out", str(tmp_path / "o"),
+    )  # fmt: skip
+    assert code != 0 and "--lrs: known-mechanisms builds its models by hand" in out + err
+    assert not (tmp_path / "o").exists()

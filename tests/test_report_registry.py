@@ -27,6 +27,7 @@ NAMES = [
     "emergence",
     "noisy-ar-restore",
     "overwrite-ar-restore",
+    "reassign-ar-restore",
     "mqar-restore",
     "compositional-mqar-restore",
     "reverse-ar-restore",

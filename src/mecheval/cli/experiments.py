@@ -203,6 +203,17 @@ def reproduce_command(
     if list_ or name is None:
         _list_experiments()
         return
+    from mecheval.experiments import known
+
+    if name == known.NAME:
+        given = {"--archs": archs, "--tasks": tasks, "--widths": widths, "--lrs": lrs,
+                 "--seeds": seeds, "--set": sets, "--device": device}  # fmt: skip
+        for flag, value in given.items():
+            if value:
+                raise ConfigError(f"{flag}: {known.NAME} builds its models by hand; no {flag}")
+        table = known.read_known(out / known.NAME)
+        typer.echo(known.known_markdown(table))
+        return
     from mecheval.experiments.reproduce import report_experiment
 
     runtime = runtime_overrides(device, compile_)
@@ -230,11 +241,13 @@ def exit_on_crash(outcomes: Sequence[Outcome]) -> None:
 
 
 def _list_experiments() -> None:
+    from mecheval.experiments import known
     from mecheval.experiments.catalog import list_experiments
     from mecheval.experiments.reproduce import listed_figures
 
     for e in list_experiments():
         typer.echo(f"{e.name:<18} {e.description}  [figures: {', '.join(listed_figures(e))}]")
+    typer.echo(f"{known.NAME:<18} {known.DESCRIPTION}  [no training: a table]")
 
 
 def parse_values(flag: str, text: str | None, kind: type) -> list | None:

@@ -196,23 +196,13 @@ def reproduce_command(
 
     --widths, --lrs and --seeds run a slice of the experiment's grid at --preset (a value
     not in it is an error; nothing is written). The slice trains into the experiment's own
-    folder, OUT/<experiment>-<preset>/, under the run names of the full grid, so a later
-    full run (or another slice) skips the finished runs; the report covers every run in
-    that folder.
+    folder, OUT/<experiment>-<preset>/, under the full grid's run names, so a later full run
+    (or another slice) skips the finished runs; the report covers every run in that folder.
     """
     if list_ or name is None:
         _list_experiments()
         return
-    from mecheval.experiments import known
-
-    if name == known.NAME:
-        given = {"--archs": archs, "--tasks": tasks, "--widths": widths, "--lrs": lrs,
-                 "--seeds": seeds, "--set": sets, "--device": device}  # fmt: skip
-        for flag, value in given.items():
-            if value:
-                raise ConfigError(f"{flag}: {known.NAME} builds its models by hand; no {flag}")
-        table = known.read_known(out / known.NAME)
-        typer.echo(known.known_markdown(table))
+    if _reproduced_known(name, out, (archs, tasks, widths, lrs, seeds, sets, device)):
         return
     from mecheval.experiments.reproduce import report_experiment
 
@@ -231,6 +221,22 @@ def reproduce_command(
     )
     report_experiment(out / spec.name, experiment, spec, echo=typer.echo)
     exit_on_crash(outcomes)  # after the report, which shows what the finished runs measured
+
+
+def _reproduced_known(name: str, out: Path, given: tuple[Any, ...]) -> bool:
+    """Whether ``name`` is ``known-mechanisms``, then reproduced: its models are built, not
+    swept, so a sweep option (``given``: --archs, --tasks, --widths, --lrs, --seeds, --set,
+    --device) is an error."""
+    from mecheval.experiments import known
+
+    if name != known.NAME:
+        return False
+    flags = ("--archs", "--tasks", "--widths", "--lrs", "--seeds", "--set", "--device")
+    for flag, value in zip(flags, given, strict=True):
+        if value:
+            raise ConfigError(f"{flag}: {known.NAME} builds its models by hand; no {flag}")
+    typer.echo(known.known_markdown(known.read_known(out / known.NAME)))
+    return True
 
 
 def exit_on_crash(outcomes: Sequence[Outcome]) -> None:

@@ -441,11 +441,15 @@ LAYERS_MATRIX = "layers"
 HYBRID_PARTS = ["attention", "mamba", "deltanet", "gated_deltanet", "hyena"]
 
 
+def _two_layers() -> list[list[str]]:
+    """Every ordered pair of HYBRID_PARTS as a two-layer model (the pure forms among them)."""
+    return [[first, second] for first in HYBRID_PARTS for second in HYBRID_PARTS]
+
+
 def _hybrids() -> Experiment:
     """Every ordered pair of HYBRID_PARTS as a two-layer model (the pure forms among them),
     on AR and MQAR, one recipe for all: which layer, of which architecture, carries the
     retrieval (a hybrid's label names it)."""
-    pairs = [[first, second] for first in HYBRID_PARTS for second in HYBRID_PARTS]
     # At quick and tiny: the LR that suits the recurrent mixers (AR's quick LRs) for every
     # model, two epochs, stopped at 99 % dev accuracy as the task matrix is.
     recipe = {"training.lr": 3e-3, "training.epochs": 2}
@@ -454,7 +458,7 @@ def _hybrids() -> Experiment:
         "Two-layer hybrids: every ordered pair of attention, Mamba, DeltaNet, Gated DeltaNet "
         "and Hyena (pure forms included) on AR and MQAR, and which layer carries the retrieval",
         "ar",
-        {TASK_AXIS: ["ar", "mqar"], "model.layers": pairs, "model.d_model": [64]},
+        {TASK_AXIS: ["ar", "mqar"], "model.layers": _two_layers(), "model.d_model": [64]},
         ("ar-restore", "mqar-restore"),
         fixed={"training.stop_at_accuracy": MATRIX_STOP_AT},
         fixed_at={"quick": recipe, "tiny": {"training.lr": 3e-3}},
@@ -470,13 +474,12 @@ def _reassign_hybrids() -> Experiment:
     """The two-layer models of ``hybrids`` on reassign AR, a task that needs both kinds of
     memory: where the latest binding comes back, and whether a recurrent layer's state holds
     the answer when the query comes."""
-    pairs = [[first, second] for first in HYBRID_PARTS for second in HYBRID_PARTS]
     return Experiment(
         "reassign-hybrids",
         "The two-layer hybrids and their pure forms on reassign AR (the query key's value "
         "changes twice): where the latest binding comes back, and whether a state holds it",
         "reassign_ar",
-        {"model.layers": pairs, "model.d_model": [64]},
+        {"model.layers": _two_layers(), "model.d_model": [64]},
         ("reassign-ar-restore",),
         fixed={"training.stop_at_accuracy": MATRIX_STOP_AT},
         fixed_at={"quick": {"training.lr": 3e-3}, "tiny": {"training.lr": 3e-3}},

@@ -14,7 +14,8 @@ from pydantic import ValidationInfo, field_validator
 
 from mecheval.tasks.base import TaskConfigBase, fits_distinct_pairs, out_of_range, present_ids
 from mecheval.tasks.batch import Batch
-from mecheval.tasks.vocab import N_SPECIAL
+from mecheval.tasks.documents import Documents
+from mecheval.tasks.vocab import BOS, DIV, N_SPECIAL
 
 #: Rows of uniforms drawn at once by :func:`distinct_rows`'s dense case.
 _CHUNK = 4096
@@ -80,6 +81,40 @@ def pair_roles(pair: torch.Tensor) -> dict[str, torch.Tensor]:
     its key, its value right after it, and the token after that (the next pair's key)."""
     key = 1 + 2 * pair
     return {"key": key, "value": key + 1, "next_key": key + 2}
+
+
+def rebound_documents(
+    cfg: KeyValueConfig,
+    slot_keys: torch.Tensor,
+    values: torch.Tensor,
+    asked: torch.Tensor,
+    latest: torch.Tensor,
+    stale: torch.Tensor,
+    extras: dict[str, torch.Tensor] | None = None,
+) -> Documents:
+    """``<bos> k v .. k v <div> q`` of a task whose keys are bound again (overwrite and
+    reassign AR): the slots' keys and values ([n, S] key and value indices), the query key
+    (key index per document), the slot of its latest binding (the answer and AR's roles) and
+    of the binding before it (``stale_key``, ``stale_value``)."""
+    n, slots = slot_keys.shape
+    pairs = torch.stack([cfg.key_id(slot_keys), cfg.value_id(values)], dim=2)
+    width = 2 * slots + 3
+    tokens = torch.empty(n, width, dtype=torch.long)
+    tokens[:, 0] = BOS
+    tokens[:, 1 : width - 2] = pairs.reshape(n, 2 * slots)
+    tokens[:, width - 2] = DIV
+    tokens[:, width - 1] = cfg.key_id(asked)
+    full = torch.full((n,), width - 2, dtype=torch.long)
+    stale_key = 1 + 2 * stale
+    roles = {
+        **pair_roles(latest),
+        "divider": full,
+        "query": full + 1,
+        "stale_key": stale_key,
+        "stale_value": stale_key + 1,
+    }
+    answer = cfg.value_id(values[torch.arange(n), latest])
+    return Documents(tokens, answer, roles, full + 2, extras=extras or {})
 
 
 def at_most_pairs(v: int | None, info: ValidationInfo, why: str = "") -> int | None:

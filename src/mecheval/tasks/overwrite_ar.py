@@ -38,8 +38,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from mecheval.tasks.base import SPLIT_IDS, out_of_range, torch_generator
 from mecheval.tasks.documents import Documents
-from mecheval.tasks.family import KeyValueConfig, distinct_rows, pair_roles
-from mecheval.tasks.vocab import BOS, DIV
+from mecheval.tasks.family import KeyValueConfig, distinct_rows, rebound_documents
 
 
 class OverwriteARConfig(KeyValueConfig):
@@ -144,29 +143,7 @@ def generate_overwrite_ar(cfg: OverwriteARConfig, split: str, n: int) -> Documen
     once = torch.rand(n, p, generator=gen).masked_fill(twice, -1.0).argmax(dim=1)
     first = torch.where(asks_update, updated[rows, j], once)  # pair index of the stale one
     latest_slot = torch.where(asks_update, p + j, once)  # slot of the latest occurrence
-    answer_value = values[rows, latest_slot]
-
     slot_keys = torch.cat([keys, keys[rows[:, None], updated]], dim=1)  # [n, P + U]
-    pairs = torch.stack([cfg.key_id(slot_keys), cfg.value_id(values)], dim=2)
-    width = 2 * (p + u) + 3
-    tokens = torch.empty(n, width, dtype=torch.long)
-    tokens[:, 0] = BOS
-    tokens[:, 1 : width - 2] = pairs.reshape(n, 2 * (p + u))
-    tokens[:, width - 2] = DIV
-    tokens[:, width - 1] = cfg.key_id(keys[rows, first])
-    stale_pos = 1 + 2 * first
-    full = torch.full((n,), width - 2, dtype=torch.long)
-    roles = {
-        **pair_roles(latest_slot),
-        "divider": full,
-        "query": full + 1,
-        "stale_key": stale_pos,
-        "stale_value": stale_pos + 1,
-    }
-    return Documents(
-        tokens=tokens,
-        answer=cfg.value_id(answer_value),
-        roles=roles,
-        lengths=full + 2,
-        extras={"overwritten": asks_update.long()},
-    )
+    asked = keys[rows, first]
+    extras = {"overwritten": asks_update.long()}
+    return rebound_documents(cfg, slot_keys, values, asked, latest_slot, first, extras)

@@ -33,9 +33,8 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from mecheval.tasks.base import SPLIT_IDS, out_of_range, torch_generator
 from mecheval.tasks.documents import Documents
-from mecheval.tasks.family import KeyValueConfig, distinct_rows, pair_roles
+from mecheval.tasks.family import KeyValueConfig, distinct_rows, rebound_documents
 from mecheval.tasks.readings import RETRIEVAL_AND_STATE
-from mecheval.tasks.vocab import BOS, DIV
 
 
 class ReassignARConfig(KeyValueConfig):
@@ -124,24 +123,6 @@ def generate_reassign_ar(cfg: ReassignARConfig, split: str, n: int) -> Documents
     changed[rows[:, None], mine] = asked[:, None]
 
     slot_keys = torch.cat([keys, keys[rows[:, None], changed]], dim=1)  # [n, P + C]
-    pairs = torch.stack([cfg.key_id(slot_keys), cfg.value_id(values)], dim=2)
-    width = 2 * (p + c) + 3
-    tokens = torch.empty(n, width, dtype=torch.long)
-    tokens[:, 0] = BOS
-    tokens[:, 1 : width - 2] = pairs.reshape(n, 2 * (p + c))
-    tokens[:, width - 2] = DIV
-    tokens[:, width - 1] = cfg.key_id(keys[rows, asked])
     latest = p + mine[:, -1]
     stale = p + mine[:, -2] if own >= 2 else asked  # the binding before the latest
-    full = torch.full((n,), width - 2, dtype=torch.long)
-    stale_key = 1 + 2 * stale
-    roles = {
-        **pair_roles(latest),
-        "divider": full,
-        "query": full + 1,
-        "stale_key": stale_key,
-        "stale_value": stale_key + 1,
-    }
-    return Documents(
-        tokens=tokens, answer=cfg.value_id(values[rows, latest]), roles=roles, lengths=full + 2
-    )
+    return rebound_documents(cfg, slot_keys, values, keys[rows, asked], latest, stale)

@@ -183,6 +183,8 @@ def test_an_interrupt_stops_every_thread_with_its_runs_resumable(
 
     monkeypatch.setattr(group_trainer.GroupTrainer, "train_step", train_step)
     jobs = runners.make_jobs(SPEC, tmp_path, 2, None, False, None)
+    # (Not default_int_handler: a shell's background job starts Python with SIGINT ignored.)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with pytest.raises(pool.Terminated), pool.stop_on_sigterm():
         side_by_side.run_side_by_side(group_jobs(jobs, 2), 2)
     states = [peek_status(Path(job.run_dir)) for job in jobs]
@@ -191,7 +193,7 @@ def test_an_interrupt_stops_every_thread_with_its_runs_resumable(
         ("failed", "crashed: interrupted (SIGTERM)")
     ] * 4 + [None, None]
     # The handlers in place before are back.
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
 def test_a_sweep_on_one_cuda_device_runs_its_workers_side_by_side(tmp_path, monkeypatch) -> None:

@@ -72,26 +72,9 @@ class Experiment:
                 a for a in available_architectures() if self.accepts is None or self.accepts(a)
             ]
         if tasks is not None:
-            if TASK_AXIS not in grid:
-                raise ConfigError(f"--tasks: experiment {self.name!r} studies {self.task} only")
-            for kind in tasks:
-                get_task(kind)  # an unknown kind fails now, naming the known ones
-            grid[TASK_AXIS] = list(dict.fromkeys(tasks))
+            grid[TASK_AXIS] = self._task_axis(grid, tasks)
         if archs is not None:
-            self._check_takes_archs(grid)
-            own = list(grid.get("model.architecture", []))
-            if self.accepts is None and own != _archs():
-                # An experiment about named architectures runs a subset of them, under the
-                # full grid's run names (as --widths and --lrs slice), and no others.
-                if not set(archs) <= set(own):
-                    raise ConfigError(
-                        f"--archs: experiment {self.name!r} studies {', '.join(own)} only "
-                        "(choose among them)"
-                    )
-                archs = [a for a in own if a in archs]
-            for arch in archs:
-                get_architecture(arch)  # fail now, not in every worker
-            grid["model.architecture"] = list(archs)
+            grid["model.architecture"] = self._architectures(grid, archs)
         if paper:
             grid.setdefault("model.d_model", PAPER_WIDTHS)
             grid.setdefault("training.lr", paper_lrs)
@@ -108,6 +91,31 @@ class Experiment:
             grid=grid,
             per_architecture={a: o for a, o in per_architecture.items() if a in running},
         )
+
+    def _task_axis(self, grid: dict[str, list[Any]], tasks: list[str]) -> list[str]:
+        """``--tasks``, checked: the experiment has a task axis, and every kind is known."""
+        if TASK_AXIS not in grid:
+            raise ConfigError(f"--tasks: experiment {self.name!r} studies {self.task} only")
+        for kind in tasks:
+            get_task(kind)  # an unknown kind fails now, naming the known ones
+        return list(dict.fromkeys(tasks))
+
+    def _architectures(self, grid: dict[str, list[Any]], archs: list[str]) -> list[str]:
+        """``--archs``, checked against what the experiment studies."""
+        self._check_takes_archs(grid)
+        own = list(grid.get("model.architecture", []))
+        if self.accepts is None and own != _archs():
+            # An experiment about named architectures runs a subset of them, under the
+            # full grid's run names (as --widths and --lrs slice), and no others.
+            if not set(archs) <= set(own):
+                raise ConfigError(
+                    f"--archs: experiment {self.name!r} studies {', '.join(own)} only "
+                    "(choose among them)"
+                )
+            archs = [a for a in own if a in archs]
+        for arch in archs:
+            get_architecture(arch)  # fail now, not in every worker
+        return list(archs)
 
     def _check_takes_archs(self, grid: dict[str, list[Any]]) -> None:
         if "model.layers" in grid:

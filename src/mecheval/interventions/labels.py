@@ -290,21 +290,16 @@ def label_mechanism(
     """Label from an interchange table (the engine's ``InterchangeResult.table``) and the
     chance level of its documents (``tasks.scores.chance_level`` of their candidates).
     ``local_sites``: a one-layer block's short mixing steps (``models.sites.
-    local_mixing_sites(model, 0)``), read instead of ``layers.0.output``; ``readings``: the
-    task's labels (tasks/readings.py). ``per_example`` (the engine's per-document table) gives
-    each fraction its ``bootstrap`` interval; ``nulls`` (per site, interventions/null.py): a
-    role's fraction counts only above the null's upper bound at the label's site.
-    ``layer_names`` (a hybrid's, ``ModelConfig.layer_configs``): a retrieval label names the
-    layer that carries it, read from every block boundary's restores (carriers.py)."""
+    local_mixing_sites``), read instead of ``layers.0.output``; ``readings``: the task's.
+    ``per_example`` (the engine's per-document table) gives each fraction its ``bootstrap``
+    interval; ``nulls`` (per site, interventions/null.py): a role's fraction counts only above
+    the null's upper bound at the label's site. ``layer_names`` (a hybrid's): a retrieval
+    label names the layer that carries it, read from every block boundary (carriers.py)."""
     likelihood = table[table.metric == "likelihood"]
     binding = _binding(table, chance)
     original, corrupted = _condition(likelihood, "original"), _condition(likelihood, "corrupted")
     gap = original - corrupted
-    sites = readable_sites(table, n_layers, local_sites, readings)
-    if not sites:
-        where = " or ".join(label_sites(n_layers, local_sites))
-        roles = "/".join(readings.at_label_site)
-        raise ValueError(f"label: the table has no restores at {where} ({roles})")
+    sites = _sites_to_read(table, n_layers, local_sites, readings)
     site, restored, recovered = _best_site(likelihood, sites, corrupted, gap, readings)
     names = dict(readings.at_label_site)
     state_sites = _read_states(likelihood, readings, corrupted, gap, (restored, recovered, names))
@@ -313,11 +308,11 @@ def label_mechanism(
     # the role that decides a restore label (None: the label needs no restore, or unclear)
     best = None if label else _deciding_role(readings, state_sites, recovered, thresholds, null)
     label = label or ("unclear" if best is None else names[best])
-    where = {key: (state_sites.get(key, site), key.removesuffix(" (state)")) for key in recovered}
-    intervals = {} if per_example is None else _intervals(per_example, where, bootstrap)
+    intervals = _intervals(per_example, recovered, state_sites, site, bootstrap)
+    label_site = site if readings.state_adds else state_sites.get(best or "", site)
     read = MechanismLabel(
         label,
-        site if readings.state_adds else state_sites.get(best or "", site),
+        label_site,
         original,
         corrupted,
         restored,
@@ -330,6 +325,18 @@ def label_mechanism(
     )
     read = _naming_the_carrier(read, likelihood, layer_names, readings)
     return _adding_the_state(read, readings, state_sites, names, thresholds)
+
+
+def _sites_to_read(
+    table: pd.DataFrame, n_layers: int, local_sites: Sequence[str], readings: Readings
+) -> list[str]:
+    """The label sites the table restores; none is an error naming where restores belong."""
+    sites = readable_sites(table, n_layers, local_sites, readings)
+    if not sites:
+        where = " or ".join(label_sites(n_layers, local_sites))
+        roles = "/".join(readings.at_label_site)
+        raise ValueError(f"label: the table has no restores at {where} ({roles})")
+    return sites
 
 
 def _adding_the_state(
@@ -395,10 +402,17 @@ def _without_restores(
 
 
 def _intervals(
-    per_example: pd.DataFrame, where: Mapping[str, tuple[str, str]], bootstrap: Bootstrap
+    per_example: pd.DataFrame | None,
+    recovered: Mapping[str, float],
+    state_sites: Mapping[str, str],
+    site: str,
+    bootstrap: Bootstrap,
 ) -> dict[str, tuple[float, float]]:
-    """The interval of each key's recovered fraction, the key restored at ``where[key]``
-    (site, role)."""
+    """The interval of each recovered fraction (none without ``per_example``): a role's at the
+    label's ``site``, a state's (key "<role> (state)") at its own site in ``state_sites``."""
+    if per_example is None:
+        return {}
+    where = {key: (state_sites.get(key, site), key.removesuffix(" (state)")) for key in recovered}
     wanted = per_example.set_index(["site", "role"]).index.isin(list(where.values()))
     bounds = restore_intervals(per_example[wanted], bootstrap).set_index(["site", "role"])
     return {

@@ -155,6 +155,33 @@ def test_sweep_runs_skips_and_resumes(tmp_path) -> None:
     assert (tmp_path / "tiny" / "lr1e-3" / "metrics.csv").read_text() == first
 
 
+def test_a_rerun_with_every_run_over_starts_no_worker_and_one_left_does(
+    tmp_path, monkeypatch
+) -> None:
+    """A sweep rerun to see its results reads each run's outcome in this process, also with
+    --workers 2 (no pool of fresh interpreters for nothing); a run still to do (or whose
+    planned interventions are missing) goes to the workers."""
+    from mecheval.experiments.execution import pool
+
+    plan = InterventionPlan(sites=("layers.0.output",), n_docs=4)
+    run_sweep(tiny_spec(), tmp_path, plan=plan)
+
+    class NoPool:
+        def __init__(self, *args, **kwargs) -> None:
+            raise AssertionError("a worker pool started")
+
+    monkeypatch.setattr(pool, "ProcessPoolExecutor", NoPool)
+    again = run_sweep(tiny_spec(), tmp_path, workers=2, plan=plan)
+    assert [(o.state, o.skipped) for o in again] == [("done", True)] * 2
+    # A run's interventions missing: a worker has something to do; so has a run to train.
+    (tmp_path / "tiny" / "lr3e-3" / "interventions.csv").unlink()
+    with pytest.raises(AssertionError, match="a worker pool started"):
+        run_sweep(tiny_spec(), tmp_path, workers=2, plan=plan)
+    (tmp_path / "tiny" / "lr1e-3" / "status.json").unlink()
+    with pytest.raises(AssertionError, match="a worker pool started"):
+        run_sweep(tiny_spec(), tmp_path, workers=2, plan=plan)
+
+
 def test_a_finished_run_of_another_config_stops_the_sweep_before_anything_runs(tmp_path) -> None:
     run_sweep(tiny_spec(), tmp_path)
     folder = tmp_path / "tiny" / "lr1e-3"

@@ -127,6 +127,15 @@ def test_resolve_fills_and_round_trips(tmp_path: Path) -> None:
     again = load_config(path)
     assert again == cfg
     assert resolve(again) == cfg  # idempotent
+    # Configs load on libyaml's parser where PyYAML has it (mecheval.io): the values are
+    # PyYAML's own, for the repository's configs and a resolved one alike.
+    import yaml
+
+    from mecheval.io import load_yaml
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    for text in [dump_yaml(cfg), *(p.read_text() for p in sorted(root.glob("*.yaml")))]:
+        assert load_yaml(text) == yaml.safe_load(text)
 
 
 def test_epochs_default_by_task_kind(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mecheval.errors import ConfigError, validate
+from mecheval.io import load_yaml
 from mecheval.models.config import layers_name
 
 #: How a grid key shows in a run name: a short prefix (value appended), "" = value alone.
@@ -149,7 +150,7 @@ def expand(spec: SweepSpec) -> list[RunSpec]:
 def load_sweep(path: str | Path) -> SweepSpec:
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a text file (expected a YAML sweep spec)") from None
     except OSError as err:

@@ -275,7 +275,7 @@ def intervene_run(
     run_dir = Path(run_dir)
     plan = plan or InterventionPlan()
     target = run_dir / INTERVENTIONS_FILE
-    if skip_existing and _measured_as_planned(run_dir, plan):
+    if skip_existing and measured_as_planned(run_dir, plan):
         return None
     if run is not None:
         cache_dir, device = run.cache_dir, run.device
@@ -306,7 +306,7 @@ def intervene_run(
     return RunMechanism(result, rows, label, len(pair[0]), where, graded, not_done)
 
 
-def _measured_as_planned(run_dir: Path, plan: InterventionPlan) -> bool:
+def measured_as_planned(run_dir: Path, plan: InterventionPlan) -> bool:
     """Whether the run's interventions.csv is there, on the plan's documents, and graded
     where the plan grades estimates."""
     was_graded = not plan.methods or (run_dir / GRADES_FILE).exists()

@@ -47,7 +47,7 @@ import yaml
 
 from mecheval.errors import ConfigError, DamagedFile, first_line
 from mecheval.interventions.intervals import BOOTSTRAP
-from mecheval.io import atomic_write_bytes, atomic_write_text
+from mecheval.io import atomic_write_bytes, atomic_write_text, load_yaml
 from mecheval.schema import MEASUREMENT_COLUMNS
 from mecheval.training.folder import (
     ATTRIBUTION_FILE,
@@ -96,7 +96,7 @@ def read_config_data(run_dir: Path) -> dict[str, Any]:
     if not path.exists():
         return {}
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
         raise DamagedFile(f"{path}: damaged, not YAML ({type(err).__name__})") from None
     if not isinstance(data, dict):

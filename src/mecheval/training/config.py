@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validat
 from pydantic_core import PydanticCustomError
 
 from mecheval.errors import ConfigError, validate
+from mecheval.io import load_yaml
 from mecheval.models import ModelConfig, build_model
 from mecheval.models.backbone import uses_position_embedding
 from mecheval.models.mixers.base import Mixer
@@ -382,7 +383,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a text file (expected a YAML run config)") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

@@ -13,9 +13,10 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from mecheval.experiments.mechanisms import InterventionPlan
+from mecheval.experiments.mechanisms import InterventionPlan, measured_as_planned
 from mecheval.experiments.store import status_reason
 from mecheval.training.config import RunConfig
 from mecheval.training.folder import is_finished, peek_status
@@ -44,6 +45,15 @@ class Job:
     @property
     def device(self) -> str:
         return str(self.config["training"]["device"])
+
+    def is_over(self) -> bool:
+        """Nothing left for a worker to do: the run is finished and, where the job plans
+        interventions and the run is done, they were measured as planned."""
+        status = peek_status(Path(self.run_dir))
+        if not is_finished(status):
+            return False
+        done = status is not None and status.get("state") == "done"
+        return self.plan is None or not done or measured_as_planned(Path(self.run_dir), self.plan)
 
 
 @dataclass

@@ -52,7 +52,10 @@ def run_local(
     group_size: int = 1,
 ) -> list[Outcome]:
     groups = group_jobs(jobs, group_size)
-    if workers <= 1 or (on_one_gpu(jobs) and lone_runs_replay(groups)):
+    # A sweep whose runs are all over (a rerun to see its results) reads their outcomes here:
+    # no worker has anything to do.
+    every_run_over = all(job.is_over() for job in jobs)
+    if workers <= 1 or every_run_over or (on_one_gpu(jobs) and lone_runs_replay(groups)):
         sink = CallbackSink(on_progress) if on_progress else None
         with stop_on_sigterm():
             results = []

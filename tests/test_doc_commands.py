@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cli_processes import run_command
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -173,11 +174,29 @@ def test_the_substitutions_turn_placeholders_and_long_presets_into_runnable_comm
 
 
 def _run(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    """As ``bash -c command`` in ``cwd``; a plain ``mecheval ...`` in a process forked from
+    one that has imported mecheval (tests/cli_processes.py)."""
+    return run_command(command, cwd)
+
+
+def test_a_forked_command_gives_what_the_mecheval_program_gives(tmp_path) -> None:
+    """tests/cli_processes.py: a plain ``mecheval ...`` in a forked process has the exit
+    status and output of the program itself; anything else runs through bash."""
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    return subprocess.run(
-        ["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
-    )
+    for command in ("mecheval reproduce --list", "mecheval train --preset tiny --arch nope"):
+        forked = run_command(command, tmp_path)
+        program = subprocess.run(
+            command.split(), cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert (forked.returncode, forked.stdout, forked.stderr) == (
+            program.returncode,
+            program.stdout,
+            program.stderr,
+        )
+    assert run_command("mecheval train --preset tiny --arch nope", tmp_path).returncode == 2
+    piped = run_command("mecheval reproduce --list | head -n 1 > first.txt", tmp_path)
+    assert piped.returncode == 0 and (tmp_path / "first.txt").read_text().startswith("ar ")
 
 
 def _ok(result: subprocess.CompletedProcess, command: str) -> None:

@@ -1,5 +1,5 @@
 """Models whose mechanism is known (models/known.py): an induction circuit of two attention
-layers and a DeltaNet layer that retrieves directly, set by hand, alone and beside layers
+layers and a DeltaNet or Mamba layer that retrieves directly, set by hand, alone and beside layers
 that pass their input through. The exact protocol must read the label the weights were
 built to have; each circuit is also checked on its own terms (the copy layer writes each
 position's previous token; every document is answered)."""
@@ -82,21 +82,28 @@ def test_the_protocol_reads_the_mechanism_the_weights_were_built_to_have(
         (["deltanet", "deltanet"], 1, "direct retrieval, layer >= 1"),
         (["deltanet", "attention"], 0, "direct retrieval in layer 0 (deltanet)"),
         (["mamba", "deltanet"], 1, "direct retrieval in layer 1 (deltanet)"),
+        (["mamba", "mamba"], 0, "direct retrieval, layer 0"),
+        (["mamba", "mamba"], 1, "direct retrieval, layer >= 1"),
+        (["attention", "mamba"], 1, "direct retrieval in layer 1 (mamba)"),
+        (["mamba", "attention"], 0, "direct retrieval in layer 0 (mamba)"),
     ],
 )
-def test_a_delta_rule_set_to_retrieve_at_the_query_reads_direct_retrieval(
+def test_a_state_set_to_retrieve_at_the_query_reads_direct_retrieval(
     tmp_path, layers: list[str], layer: int, label: str
 ) -> None:
+    """A delta rule (DeltaNet) or a selective scan (Mamba) set to write each pair into its
+    state and read the query's: every document answered, the label as built."""
     run_dir, cfg = run_folder(tmp_path, layers)
-    model = direct_retrieval_by_hand(cfg.model, layer).eval()
+    keys = [N_SPECIAL + i for i in range(TASK["n_keys"])]  # AR's ids: specials, then keys
+    model = direct_retrieval_by_hand(cfg.model, layer, keys).eval()
     batch = build_datasets(parse_task({**TASK, **SPLITS}))["test"].batch(torch.arange(64))
     with torch.no_grad():
         answers = model(batch.tokens)[torch.arange(64), batch.roles["query"]].argmax(-1)
     assert torch.equal(answers, batch.answer)
     read_ = intervene_run(run_dir, InterventionPlan(split="dev"), loaded=(cfg, model)).label
     assert read_.label == label
-    # The DeltaNet layer's input holds the key at the key's position: restoring it there (at
-    # layer 1's input) brings the answer back; in layer 0 only the query's restore does.
+    # The retrieving layer's input holds the key at the key's position: restoring it there
+    # (at layer 1's input) brings the answer back; in layer 0 only the query's restore does.
     assert read_.role == ("key" if layer == 1 else "query")
 
 
@@ -160,24 +167,31 @@ def test_impossible_circuits_are_one_line(layers, copy, read, d_model, says) -> 
     assert says in str(err.value) and "\n" not in str(err.value)
 
 
-def test_a_direct_retrieval_layer_must_be_a_one_head_delta_rule_with_a_conv() -> None:
-    for layers, says in (
-        (["attention", "attention"], "model.layers[0]: direct_retrieval_by_hand needs"),
-        (["deltanet", "h3"], "model.layers[1]: a known model passes a layer through"),
+def test_a_direct_retrieval_layer_must_be_a_delta_rule_or_mamba_with_a_conv() -> None:
+    no_conv = {"architecture": "mamba", "mixer": {"d_conv": None}}
+    for layers, keys, says in (
+        (["attention", "attention"], (), "model.layers[0]: direct_retrieval_by_hand needs"),
+        (["deltanet", "h3"], (), "model.layers[1]: a known model passes a layer through"),
+        (["mamba", "mamba"], (), "model.layers[0]: direct retrieval in Mamba needs 1..d_state"),
+        (["mamba"], range(17), "model.layers[0]: direct retrieval in Mamba needs 1..d_state"),
+        ([no_conv, "mamba"], (3,), "model.layers[0]: direct retrieval in Mamba needs its conv"),
     ):
         cfg = ModelConfig(layers=layers, d_model=64, vocab_size=19, max_len=11)
         with pytest.raises(ConfigError, match=r"^" + says.replace("[", r"\[")):
-            direct_retrieval_by_hand(cfg, 0)
+            direct_retrieval_by_hand(cfg, 0, keys)
 
 
 def test_reproduce_known_mechanisms_reads_each_model_beside_its_built_label(tmp_path) -> None:
-    """Two of the command's models, written as run folders and read: the exact protocol
-    recovers both labels; a reading that differs is marked and counted, not an error."""
+    """Two of the command's models, written as run folders and read (at the tiny preset: on
+    64 dev documents): the exact protocol recovers both labels; a reading that differs is
+    marked and counted, not an error."""
     from mecheval.experiments.gather import load_folders
     from mecheval.experiments.known import KNOWN, known_markdown, read_known
+    from mecheval.training.config import load_config
 
     cases = [k for k in KNOWN if k.name in ("induction-after-mamba", "candidates-only")]
-    table = read_known(tmp_path, cases, methods=("attribution",))
+    table = read_known(tmp_path, cases, methods=("attribution",), preset="tiny")
+    assert load_config(tmp_path / "candidates-only" / "config.yaml").task.n_dev == 64
     assert table["model"].tolist() == ["induction-after-mamba", "candidates-only"]
     assert table["exact"].tolist() == table["built as"].tolist()
     table.loc[0, "attribution"] = "unclear"  # as attribution reads the saturated circuit
@@ -200,4 +214,9 @@ def test_reproduce_known_mechanisms_refuses_sweep_options_before_writing(
         "--out", str(tmp_path / "o"),
     )  # fmt: skip
     assert code != 0 and "--lrs: known-mechanisms builds its models by hand" in out + err
+    code, out, err = run_cli(
+        monkeypatch, capsys, "reproduce", "known-mechanisms", "--preset", "huge",
+        "--out", str(tmp_path / "o"),
+    )  # fmt: skip
+    assert code == 2 and "--preset: unknown 'huge'" in err
     assert not (tmp_path / "o").exists()

@@ -202,7 +202,7 @@ def reproduce_command(
     if list_ or name is None:
         _list_experiments()
         return
-    if _reproduced_known(name, out, (archs, tasks, widths, lrs, seeds, sets, device)):
+    if _reproduced_known(name, out, preset, (archs, tasks, widths, lrs, seeds, sets, device)):
         return
     from mecheval.experiments.reproduce import report_experiment
 
@@ -223,19 +223,22 @@ def reproduce_command(
     exit_on_crash(outcomes)  # after the report, which shows what the finished runs measured
 
 
-def _reproduced_known(name: str, out: Path, given: tuple[Any, ...]) -> bool:
+def _reproduced_known(name: str, out: Path, preset: str, given: tuple[Any, ...]) -> bool:
     """Whether ``name`` is ``known-mechanisms``, then reproduced: its models are built, not
     swept, so a sweep option (``given``: --archs, --tasks, --widths, --lrs, --seeds, --set,
-    --device) is an error."""
+    --device) is an error; the preset sets the documents they are read on."""
     from mecheval.experiments import known
 
     if name != known.NAME:
         return False
+    from mecheval.training.presets import check_preset
+
+    check_preset(preset)
     flags = ("--archs", "--tasks", "--widths", "--lrs", "--seeds", "--set", "--device")
     for flag, value in zip(flags, given, strict=True):
         if value:
             raise ConfigError(f"{flag}: {known.NAME} builds its models by hand; no {flag}")
-    typer.echo(known.known_markdown(known.read_known(out / known.NAME)))
+    typer.echo(known.known_markdown(known.read_known(out / known.NAME, preset=preset)))
     return True
 
 

@@ -28,8 +28,8 @@ from mecheval.training.folder import CONFIG_FILE, MODEL_FILE, write_status
 NAME = "known-mechanisms"
 DESCRIPTION = (
     "Models built by hand to have a known mechanism (induction, direct retrieval in layer 0 "
-    "and later, candidates only, a reassigned value held in a state; attention and DeltaNet, "
-    "alone and in hybrids): the label each method reads beside the one built in"
+    "and later, candidates only, a reassigned value held in a state; attention, DeltaNet and "
+    "Mamba, alone and in hybrids): the label each method reads beside the one built in"
 )
 
 #: AR small enough for three one-hot blocks of d = 64 (vocabulary 19, 11 positions), with
@@ -44,6 +44,8 @@ REASSIGN = {
     "query_changes": 2,
 }
 SPLITS = {"n_train": 64, "n_dev": 320, "n_test": 64}
+#: The dev documents read per preset where not SPLITS' (tiny: a smoke test of the pipeline).
+DEV_DOCUMENTS = {"tiny": 64}
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,11 @@ def _induction(copy: int, read: int) -> Callable[[RunConfig], LanguageModel]:
 
 
 def _direct(layer: int) -> Callable[[RunConfig], LanguageModel]:
-    return lambda cfg: direct_retrieval_by_hand(cfg.model, layer)
+    def build(cfg: RunConfig) -> LanguageModel:
+        keys = [int(cfg.task.key_id(i)) for i in range(cfg.task.n_keys)]  # Mamba's columns
+        return direct_retrieval_by_hand(cfg.model, layer, keys)
+
+    return build
 
 
 def _candidates(layer: int) -> Callable[[RunConfig], LanguageModel]:
@@ -102,6 +108,13 @@ KNOWN: tuple[KnownModel, ...] = (
         _direct(1),
         "direct retrieval in layer 1 (deltanet)",
     ),
+    KnownModel("direct-mamba-layer-0", ("mamba",) * 2, _direct(0), "direct retrieval, layer 0"),
+    KnownModel(
+        "direct-mamba-after-attention",
+        ("attention", "mamba"),
+        _direct(1),
+        "direct retrieval in layer 1 (mamba)",
+    ),
     KnownModel(
         "candidates-only", ("attention",) * 2, _candidates(1), "candidates only (no binding)"
     ),
@@ -122,10 +135,12 @@ KNOWN: tuple[KnownModel, ...] = (
 )
 
 
-def known_config(known: KnownModel) -> RunConfig:
-    """The resolved run config of a known model (d = 64; its training section is unused)."""
+def known_config(known: KnownModel, preset: str = "quick") -> RunConfig:
+    """The resolved run config of a known model (d = 64; its training section is unused);
+    the ``preset`` sets how many dev documents it is read on (DEV_DOCUMENTS)."""
+    splits = {**SPLITS, "n_dev": DEV_DOCUMENTS.get(preset, SPLITS["n_dev"])}
     data = {
-        "task": {**(known.task or AR), **SPLITS},
+        "task": {**(known.task or AR), **splits},
         "model": {
             "layers": list(known.layers),
             "d_model": 64,
@@ -136,10 +151,10 @@ def known_config(known: KnownModel) -> RunConfig:
     return resolve(config_from_data(data, [f"name={known.name}"]))
 
 
-def write_known(run_dir: Path, known: KnownModel) -> RunConfig:
+def write_known(run_dir: Path, known: KnownModel, preset: str = "quick") -> RunConfig:
     """A run folder of the known model: its config, its hand-set weights and a done status
     at step 0 (built, not trained), so that every reading command reads it as a run."""
-    cfg = known_config(known)
+    cfg = known_config(known, preset)
     model = known.build(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / CONFIG_FILE, dump_yaml(cfg))
@@ -149,15 +164,19 @@ def write_known(run_dir: Path, known: KnownModel) -> RunConfig:
 
 
 def read_known(
-    out_dir: Path, cases: Sequence[KnownModel] = KNOWN, methods: Sequence[str] = METHODS
+    out_dir: Path,
+    cases: Sequence[KnownModel] = KNOWN,
+    methods: Sequence[str] = METHODS,
+    preset: str = "quick",
 ) -> pd.DataFrame:
-    """Write each known model into ``out_dir``/<name>/ and read it: one row per model with
-    the label built in, the exact protocol's, and each method's."""
+    """Write each known model into ``out_dir``/<name>/ and read it on the ``preset``'s dev
+    documents: one row per model with the label built in, the exact protocol's, and each
+    method's."""
     rows = []
     plan = InterventionPlan(split="dev", methods=tuple(methods))
     for known in cases:
         run_dir = out_dir / known.name
-        write_known(run_dir, known)
+        write_known(run_dir, known, preset)
         measured = intervene_run(run_dir, plan)
         assert measured is not None and measured.label is not None
         row = {

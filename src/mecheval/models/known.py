@@ -18,7 +18,9 @@ layer 1 (attention)".
 key the previous token and its value and query the current one, with β = 1: it writes each
 pair into its state, replacing what the key held, and reads the value at the query. Alone it
 reads "direct retrieval, layer 0"; after a pass-through layer "direct retrieval in layer 1
-(deltanet)"; on reassign AR its state holds the latest value before the query.
+(deltanet)"; on reassign AR its state holds the latest value before the query. A Mamba layer
+does the same with one state column per key (B: the previous token is that key; C: this
+token is), its state adding instead of replacing (no decay).
 
 ``candidates_by_hand``: one one-head attention layer that attends from every position evenly
 to the value tokens before it: at the query every value of the document scores alike, the
@@ -31,7 +33,11 @@ the dot products the heads compare differ only where the one-hot coordinates mee
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from mecheval.errors import ConfigError
@@ -39,6 +45,7 @@ from mecheval.models.backbone import LanguageModel
 from mecheval.models.config import ModelConfig
 from mecheval.models.mixers.attention import Attention
 from mecheval.models.mixers.deltanet import DeltaNet
+from mecheval.models.mixers.mamba import Mamba
 
 #: The size of every one-hot coordinate the embedding writes.
 EMBED = 4.0
@@ -127,19 +134,27 @@ def induction_by_hand(config: ModelConfig, copy: int, read: int) -> LanguageMode
 DELTA_SCALE = 4.0
 
 
-def direct_retrieval_by_hand(config: ModelConfig, layer: int) -> LanguageModel:
-    """A model of ``config`` whose layer ``layer`` (one-head DeltaNet with its 4-tap short
-    convolutions) retrieves the value directly at the query: at each position it writes the
-    pair (previous token -> this token) into its state (β = 1: the delta rule replaces what
-    that key held), and at the query reads the state with the query's token, writing the
-    value's token into the token block READ_GAIN times over. Every other layer is passed
-    through."""
+def direct_retrieval_by_hand(
+    config: ModelConfig, layer: int, keys: Sequence[int] = ()
+) -> LanguageModel:
+    """A model of ``config`` whose layer ``layer`` retrieves the value directly at the query.
+    A one-head DeltaNet with its 4-tap short convolutions writes at each position the pair
+    (previous token -> this token) into its state (β = 1: the delta rule replaces what that
+    key held), and at the query reads the state with the query's token. A Mamba layer (with
+    its short conv) does the same with a state that adds instead of replacing: one state
+    column per key token (``keys``, the task's key ids), into which each position writes its
+    token when the previous token is that key, and which the query reads through C. Either
+    writes the value's token into the token block READ_GAIN times over. Every other layer is
+    passed through."""
     vocab = _layout(config)[0]
     if not 0 <= layer < config.n_layers:
         raise ConfigError(f"direct_retrieval_by_hand: need 0 <= layer < {config.n_layers}")
     with torch.no_grad():
         model = _blank(config, (layer,))
         mixer = model.layers[layer].mixer
+        if isinstance(mixer, Mamba):
+            _mamba_retrieves(model, layer, vocab, list(keys))
+            return model
         if not (
             isinstance(mixer, DeltaNet)
             and mixer.num_heads == 1
@@ -147,7 +162,7 @@ def direct_retrieval_by_hand(config: ModelConfig, layer: int) -> LanguageModel:
         ):
             raise ConfigError(
                 f"model.layers[{layer}]: direct_retrieval_by_hand needs one-head DeltaNet "
-                "with a short convolution"
+                "or Mamba, with a short convolution"
             )
         t = torch.arange(vocab)
         for proj, conv, lag in (
@@ -166,6 +181,60 @@ def direct_retrieval_by_hand(config: ModelConfig, layer: int) -> LanguageModel:
         mixer.o_proj.weight.zero_()
         mixer.o_proj.weight[t, t] = READ_GAIN
     return model
+
+
+#: softplus^-1(1): Δ = 1 at every position, so a state column adds what is written into it.
+_DELTA_ONE = math.log(math.e - 1)
+#: z with SiLU(z) = 1 (to four decimals): the output gate passes y unchanged.
+_GATE_ONE = 1.2785
+
+
+def _mamba_retrieves(model: LanguageModel, layer: int, vocab: int, keys: list[int]) -> None:
+    """Mamba's weights for :func:`direct_retrieval_by_hand`. The channels of x: [0, vocab)
+    this token, [vocab, 2 vocab) the previous one (the conv's taps), each exactly one-hot
+    after the conv's bias cancels what the norm leaves on the other coordinates, times SiLU(1)
+    after the SiLU. B_n = 1 where the previous token is key n, C_n = 1 where this token is;
+    Δ = 1 and A ≈ 0 (no decay), D = 0; the gate z is SiLU's 1 at every position."""
+    block = model.layers[layer]
+    mixer = block.mixer
+    if not (mixer.has_conv and mixer.conv.kernel_size >= 2):
+        raise ConfigError(f"model.layers[{layer}]: direct retrieval in Mamba needs its conv")
+    if not keys or len(keys) > mixer.d_state or 2 * vocab > mixer.d_inner:
+        raise ConfigError(
+            f"model.layers[{layer}]: direct retrieval in Mamba needs 1..d_state "
+            f"({mixer.d_state}) key ids (got {len(keys)}) and d_inner >= 2 * vocab_size"
+        )
+    # What the layer's norm makes of a position's residual (the same at every position: one
+    # one-hot token, and position, of the same size): its token's coordinate and another's.
+    residual = model.embedding.weight[0].clone()
+    if model.position is not None:
+        residual += model.position.weight[0]
+    normed = block.mixer_norm(residual)
+    hot, cold = float(normed[0]), float(normed[1])
+    t, inner = torch.arange(vocab), mixer.d_inner
+    scale = 1.0 / (hot - cold)
+    mixer.in_proj.weight.zero_()
+    mixer.in_proj.weight[t, t] = scale  # this token
+    mixer.in_proj.weight[vocab + t, t] = scale  # ... and, through the conv, the previous
+    mixer.in_proj.weight[inner + t, :vocab] = _GATE_ONE / float(normed[:vocab].sum())
+    conv = mixer.conv
+    conv.weight.zero_()
+    conv.weight[t, 0, conv.kernel_size - 1] = 1.0
+    conv.weight[vocab + t, 0, conv.kernel_size - 2] = 1.0
+    if conv.bias is not None:
+        conv.bias.zero_()
+        conv.bias[: 2 * vocab] = -cold * scale
+    x_one = F.silu(torch.tensor(1.0)).item()
+    n, rank, state = torch.arange(len(keys)), mixer.dt_rank, mixer.d_state
+    mixer.x_proj.weight.zero_()
+    mixer.x_proj.weight[rank + n, vocab + torch.tensor(keys)] = 1.0 / x_one  # B: previous
+    mixer.x_proj.weight[rank + state + n, torch.tensor(keys)] = 1.0 / x_one  # C: this token
+    mixer.dt_proj.weight.zero_()
+    mixer.dt_proj.bias.fill_(_DELTA_ONE)
+    mixer.A_log.fill_(-30.0)  # A = -exp(-30): exp(Δ A) is 1 in float32
+    mixer.D.zero_()
+    mixer.out_proj.weight.zero_()
+    mixer.out_proj.weight[t, t] = READ_GAIN * EMBED / x_one
 
 
 def candidates_by_hand(config: ModelConfig, layer: int, first_value: int) -> LanguageModel:

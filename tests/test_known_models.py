@@ -129,6 +129,46 @@ def test_a_delta_rule_holds_a_reassigned_value_in_its_state(
     assert read_.original > 0.99 and read_.label == label
 
 
+def _keyed_by_the_token_itself(model, layers: list[str]) -> None:
+    """Break a known model in one place: the pair is written (or the previous token copied)
+    under the position's own token instead of the one before it."""
+    mixer = model.layers[0].mixer
+    with torch.no_grad():
+        if layers[0] == "attention":  # the copy layer attends to its own position
+            d = mixer.qkv.weight.shape[1]
+            q, k, _ = mixer.qkv.weight.view(3, d, d)
+            q.copy_(k)
+        else:
+            conv = mixer.k_conv if layers[0] == "deltanet" else mixer.conv
+            vocab = model.embedding.weight.shape[0]
+            rows = slice(None) if layers[0] == "deltanet" else slice(vocab, 2 * vocab)
+            taps = conv.weight[rows, 0]
+            taps[:, -1], taps[:, -2] = taps[:, -2].clone(), 0.0
+
+
+@pytest.mark.parametrize(
+    ("layers", "label"),
+    [
+        (["attention", "attention"], "induction"),
+        (["deltanet", "deltanet"], "direct retrieval, layer 0"),
+        (["mamba", "mamba"], "direct retrieval, layer 0"),
+    ],
+)
+def test_a_known_model_broken_in_one_place_loses_its_label(tmp_path, layers, label) -> None:
+    """The label is read from the mechanism, not given by the construction: the same model
+    with its key taken from the wrong position answers wrongly and reads otherwise."""
+    run_dir, cfg = run_folder(tmp_path, layers)
+    keys = [N_SPECIAL + i for i in range(TASK["n_keys"])]
+    if layers[0] == "attention":
+        model = induction_by_hand(cfg.model, 0, 1)
+    else:
+        model = direct_retrieval_by_hand(cfg.model, 0, keys)
+    _keyed_by_the_token_itself(model.eval(), layers)
+    read_ = intervene_run(run_dir, InterventionPlan(split="dev"), loaded=(cfg, model)).label
+    assert read_.accuracy is not None and read_.accuracy < 0.5
+    assert read_.label != label and not read_.label.startswith(label)
+
+
 @pytest.mark.parametrize("layers", [["attention", "attention"], ["mamba", "attention"]])
 def test_attention_to_every_value_alike_reads_candidates_only(tmp_path, layers) -> None:
     """The query's distribution is even over the document's values (checked on the logits),

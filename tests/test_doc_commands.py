@@ -4,7 +4,8 @@ Each shell block of the pages is run as a script, its commands in order, in its 
 a scratch folder that holds what the pages assume: ``configs/`` (the repository's), the
 custom architecture page's plugin file, a sweep file of that plugin, a finished run, a
 finished sweep, and every registered experiment finished at the tiny preset. Each command
-must exit 0 without a traceback. What changes in a command before it runs is in
+must exit 0 without a traceback; a plain ``mecheval ...`` runs in a process forked from one
+that has imported mecheval (tests/cli_processes.py), anything else through bash. What changes in a command before it runs is in
 :data:`SUBSTITUTIONS` (placeholders, and presets that would train for minutes, at the
 ``tiny`` preset: the same pipeline in seconds); the commands that cannot run here are in
 :data:`NOT_RUN`, each with its reason. A command added to a page is run by default.

@@ -224,21 +224,13 @@ def reproduce_command(
 
 
 def _reproduced_known(name: str, out: Path, preset: str, given: tuple[Any, ...]) -> bool:
-    """Whether ``name`` is ``known-mechanisms``, then reproduced: its models are built, not
-    swept, so a sweep option (``given``: --archs, --tasks, --widths, --lrs, --seeds, --set,
-    --device) is an error; the preset sets the documents they are read on."""
+    """Whether ``name`` is ``known-mechanisms``, then reproduced and printed (``given``: the
+    sweep options, --archs to --device, which its models built by hand do not take)."""
     from mecheval.experiments import known
 
     if name != known.NAME:
         return False
-    from mecheval.training.presets import check_preset
-
-    check_preset(preset)
-    flags = ("--archs", "--tasks", "--widths", "--lrs", "--seeds", "--set", "--device")
-    for flag, value in zip(flags, given, strict=True):
-        if value:
-            raise ConfigError(f"{flag}: {known.NAME} builds its models by hand; no {flag}")
-    typer.echo(known.known_markdown(known.read_known(out / known.NAME, preset=preset)))
+    typer.echo(known.reproduce_known(out, preset, dict(zip(known.NOT_TAKEN, given, strict=True))))
     return True
 
 

@@ -9,13 +9,14 @@ the table (and counted in its last line), not an error: the command exits 0.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from mecheval.errors import ConfigError
 from mecheval.experiments.mechanisms import InterventionPlan, intervene_run
 from mecheval.interventions.attribution import METHODS
 from mecheval.io import atomic_save_safetensors, atomic_write_text
@@ -23,6 +24,7 @@ from mecheval.models.backbone import LanguageModel
 from mecheval.models.known import candidates_by_hand, direct_retrieval_by_hand, induction_by_hand
 from mecheval.training.config import RunConfig, config_from_data, dump_yaml, resolve
 from mecheval.training.folder import CONFIG_FILE, MODEL_FILE, write_status
+from mecheval.training.presets import check_preset
 
 #: The experiment's name, as ``reproduce`` takes it.
 NAME = "known-mechanisms"
@@ -190,6 +192,21 @@ def read_known(
             row[graded.method] = graded.record["label"]
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+#: The options of ``reproduce`` that shape a sweep, which models built by hand do not take.
+NOT_TAKEN = ("--archs", "--tasks", "--widths", "--lrs", "--seeds", "--set", "--device")
+
+
+def reproduce_known(out: Path, preset: str, given: Mapping[str, Any]) -> str:
+    """``mecheval reproduce known-mechanisms``: every known model built and read under
+    ``out``/known-mechanisms/ at ``preset``; its table as markdown. A sweep option in
+    ``given`` (flag -> value, as the user gave it) is an error before anything is written."""
+    for flag, value in given.items():
+        if value:
+            raise ConfigError(f"{flag}: {NAME} builds its models by hand; no {flag}")
+    check_preset(preset)
+    return known_markdown(read_known(out / NAME, preset=preset))
 
 
 def known_markdown(table: pd.DataFrame, methods: Sequence[str] = METHODS) -> str:

@@ -74,7 +74,7 @@ def _run(
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (Terminated): every worker stopped
         stopped = interrupted_runs(out / spec.name)
         print(
-            f"interrupted: {out / spec.name}: {', '.join(stopped) or 'no run had started'}; "
+            f"interrupted: {out / spec.name}: {', '.join(stopped) or 'no run was stopped mid-way'}; "
             "run the same command again to resume",
             file=sys.stderr,
         )

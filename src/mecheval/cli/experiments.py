@@ -72,10 +72,9 @@ def _run(
                 spec, out, plan=plan, on_progress=display.update, planned=planned, **execution
             )
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (Terminated): every worker stopped
-        stopped = interrupted_runs(out / spec.name)
+        stopped = ", ".join(interrupted_runs(out / spec.name)) or "no run was stopped mid-way"
         print(
-            f"interrupted: {out / spec.name}: {', '.join(stopped) or 'no run was stopped mid-way'}; "
-            "run the same command again to resume",
+            f"interrupted: {out / spec.name}: {stopped}; run the same command again to resume",
             file=sys.stderr,
         )
         raise typer.Exit(128 + getattr(err, "signum", signal.SIGINT)) from None

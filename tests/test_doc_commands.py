@@ -5,10 +5,11 @@ a scratch folder that holds what the pages assume: ``configs/`` (the repository'
 custom architecture page's plugin file, a sweep file of that plugin, a finished run, a
 finished sweep, and every registered experiment finished at the tiny preset. Each command
 must exit 0 without a traceback; a plain ``mecheval ...`` runs in a process forked from one
-that has imported mecheval (tests/cli_processes.py), anything else through bash. What changes in a command before it runs is in
-:data:`SUBSTITUTIONS` (placeholders, and presets that would train for minutes, at the
-``tiny`` preset: the same pipeline in seconds); the commands that cannot run here are in
-:data:`NOT_RUN`, each with its reason. A command added to a page is run by default.
+that has imported mecheval (tests/cli_processes.py), anything else through bash. What
+changes in a command before it runs is in :data:`SUBSTITUTIONS` (placeholders, and presets
+that would train for minutes, at the ``tiny`` preset: the same pipeline in seconds); the
+commands that cannot run here are in :data:`NOT_RUN`, each with its reason. A command added
+to a page is run by default.
 
 The pages' Python blocks are run too: those another test runs with its own checks are
 claimed by :func:`_tested_elsewhere` (the claim checked against that test's own reading of

@@ -209,12 +209,14 @@ def test_impossible_circuits_are_one_line(layers, copy, read, d_model, says) -> 
 
 def test_a_direct_retrieval_layer_must_be_a_delta_rule_or_mamba_with_a_conv() -> None:
     no_conv = {"architecture": "mamba", "mixer": {"d_conv": None}}
+    no_bias = {"architecture": "mamba", "mixer": {"conv_bias": False}}
     for layers, keys, says in (
         (["attention", "attention"], (), "model.layers[0]: direct_retrieval_by_hand needs"),
         (["deltanet", "h3"], (), "model.layers[1]: a known model passes a layer through"),
         (["mamba", "mamba"], (), "model.layers[0]: direct retrieval in Mamba needs 1..d_state"),
         (["mamba"], range(17), "model.layers[0]: direct retrieval in Mamba needs 1..d_state"),
         ([no_conv, "mamba"], (3,), "model.layers[0]: direct retrieval in Mamba needs its conv"),
+        ([no_bias, "mamba"], (3,), "model.layers[0]: direct retrieval in Mamba needs its conv"),
     ):
         cfg = ModelConfig(layers=layers, d_model=64, vocab_size=19, max_len=11)
         with pytest.raises(ConfigError, match=r"^" + says.replace("[", r"\[")):

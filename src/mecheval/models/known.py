@@ -197,8 +197,10 @@ def _mamba_retrieves(model: LanguageModel, layer: int, vocab: int, keys: list[in
     Δ = 1 and A ≈ 0 (no decay), D = 0; the gate z is SiLU's 1 at every position."""
     block = model.layers[layer]
     mixer = block.mixer
-    if not (mixer.has_conv and mixer.conv.kernel_size >= 2):
-        raise ConfigError(f"model.layers[{layer}]: direct retrieval in Mamba needs its conv")
+    if not (mixer.has_conv and mixer.conv.kernel_size >= 2 and mixer.conv.bias is not None):
+        raise ConfigError(
+            f"model.layers[{layer}]: direct retrieval in Mamba needs its conv, with its bias"
+        )
     if not keys or len(keys) > mixer.d_state or 2 * vocab > mixer.d_inner:
         raise ConfigError(
             f"model.layers[{layer}]: direct retrieval in Mamba needs 1..d_state "
@@ -221,9 +223,8 @@ def _mamba_retrieves(model: LanguageModel, layer: int, vocab: int, keys: list[in
     conv.weight.zero_()
     conv.weight[t, 0, conv.kernel_size - 1] = 1.0
     conv.weight[vocab + t, 0, conv.kernel_size - 2] = 1.0
-    if conv.bias is not None:
-        conv.bias.zero_()
-        conv.bias[: 2 * vocab] = -cold * scale
+    conv.bias.zero_()
+    conv.bias[: 2 * vocab] = -cold * scale
     x_one = F.silu(torch.tensor(1.0)).item()
     n, rank, state = torch.arange(len(keys)), mixer.dt_rank, mixer.d_state
     mixer.x_proj.weight.zero_()
@@ -235,6 +236,9 @@ def _mamba_retrieves(model: LanguageModel, layer: int, vocab: int, keys: list[in
     mixer.D.zero_()
     mixer.out_proj.weight.zero_()
     mixer.out_proj.weight[t, t] = READ_GAIN * EMBED / x_one
+    for projection in (mixer.in_proj, mixer.out_proj):  # biases where options.bias has them
+        if projection.bias is not None:
+            projection.bias.zero_()
 
 
 def candidates_by_hand(config: ModelConfig, layer: int, first_value: int) -> LanguageModel:

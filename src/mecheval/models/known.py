@@ -227,9 +227,10 @@ def _mamba_retrieves(model: LanguageModel, layer: int, vocab: int, keys: list[in
     conv.bias[: 2 * vocab] = -cold * scale
     x_one = F.silu(torch.tensor(1.0)).item()
     n, rank, state = torch.arange(len(keys)), mixer.dt_rank, mixer.d_state
+    key_ids = torch.tensor(keys)
     mixer.x_proj.weight.zero_()
-    mixer.x_proj.weight[rank + n, vocab + torch.tensor(keys)] = 1.0 / x_one  # B: previous
-    mixer.x_proj.weight[rank + state + n, torch.tensor(keys)] = 1.0 / x_one  # C: this token
+    mixer.x_proj.weight[rank + n, vocab + key_ids] = 1.0 / x_one  # B: previous token
+    mixer.x_proj.weight[rank + state + n, key_ids] = 1.0 / x_one  # C: this token
     mixer.dt_proj.weight.zero_()
     mixer.dt_proj.bias.fill_(_DELTA_ONE)
     mixer.A_log.fill_(-30.0)  # A = -exp(-30): exp(Δ A) is 1 in float32

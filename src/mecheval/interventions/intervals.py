@@ -50,6 +50,13 @@ class Bootstrap:
         low, high = np.quantile(values, [tail, 1.0 - tail])
         return float(low), float(high)
 
+    def row_bounds(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`bounds` of each row of ``values`` ([statistics, resamples]), equal to it
+        row by row."""
+        tail = (1.0 - self.level) / 2.0
+        low, high = np.quantile(values, [tail, 1.0 - tail], axis=1)
+        return low, high
+
 
 #: The intervals every label and table reports: 1,000 resamples, 95 %.
 BOOTSTRAP = Bootstrap()
@@ -70,26 +77,31 @@ def restore_intervals(per_example: pd.DataFrame, bootstrap: Bootstrap = BOOTSTRA
     if per_example.empty:
         return pd.DataFrame(columns=INTERVAL_COLUMNS)
     columns = ["restored", "original", "corrupted"]
-    point = per_example.groupby(["site", "role"], sort=False)[columns].mean()
-    groups = list(per_example.groupby(["site", "role"], sort=False))
-    first = groups[0][1].sort_values("doc")
-    docs = first["doc"].to_numpy()
-    draws = bootstrap.draws(len(docs))
-    original = first["original"].to_numpy(np.float64)[draws].mean(axis=1)
-    corrupted = first["corrupted"].to_numpy(np.float64)[draws].mean(axis=1)
-    rows = []
-    for (site, role), group in groups:
-        group = group.sort_values("doc")
-        if not np.array_equal(group["doc"].to_numpy(), docs):
+    grouped = per_example.groupby(["site", "role"], sort=False)
+    point = grouped[columns].mean()  # one row per (site, role), in the order they first appear
+    # The rows of each (site, role) as one block, in document order, blocks in that order too.
+    order = np.lexsort((per_example["doc"].to_numpy(), grouped.ngroup().to_numpy()))
+    docs = per_example["doc"].to_numpy()[order]
+    blocks = np.split(docs, np.cumsum(grouped.size().to_numpy())[:-1])
+    for (site, role), block in zip(point.index, blocks, strict=True):
+        if not np.array_equal(block, blocks[0]):
             raise ValueError(f"per_example: {site} @ {role} measured other documents")
-        restored = group["restored"].to_numpy(np.float64)[draws].mean(axis=1)
-        fraction = recovered_fraction(restored, corrupted, original - corrupted)
-        r, o, c = point.loc[(site, role)]
-        rows.append(
-            (site, role, r, *bootstrap.bounds(restored))
-            + (float(recovered_fraction(r, c, o - c)), *bootstrap.bounds(fraction))
-        )
-    return pd.DataFrame(rows, columns=INTERVAL_COLUMNS)
+    values = per_example[columns].to_numpy(np.float64)[order]
+    values = values.reshape(len(blocks), len(blocks[0]), len(columns))  # [groups, docs, 3]
+    draws = bootstrap.draws(len(blocks[0]))
+    original = values[0, :, 1][draws].mean(axis=1)
+    corrupted = values[0, :, 2][draws].mean(axis=1)
+    restored = np.stack([group[draws].mean(axis=1) for group in values[:, :, 0]])
+    fraction = recovered_fraction(restored, corrupted, original - corrupted)
+    restored_low, restored_high = bootstrap.row_bounds(restored)
+    fraction_low, fraction_high = bootstrap.row_bounds(fraction)
+    r, o, c = point.to_numpy().T
+    table = point.index.to_frame(index=False)
+    table["restored"] = r
+    table["restored_low"], table["restored_high"] = restored_low, restored_high
+    table["recovered"] = recovered_fraction(r, c, o - c)
+    table["recovered_low"], table["recovered_high"] = fraction_low, fraction_high
+    return table
 
 
 #: The metrics :func:`interval_table` adds to a restore table, per (site, role).

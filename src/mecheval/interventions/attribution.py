@@ -336,5 +336,5 @@ def attribution_patching(
     per_example = []
     for (site, role), values in estimates.cells.items():
         rows.append(("restored", site, role, "likelihood", values.mean().item()))
-        per_example.append(common.example_frame(site, role, values, s_orig, s_corr))
+        per_example.append(common.example_rows(site, role, values, s_orig, s_corr))
     return common.assemble(rows, per_example)

@@ -59,7 +59,7 @@ from mecheval.interventions.result import (
     assemble,
     baseline_rows,
     batch_metrics,
-    example_frame,
+    example_rows,
     prepare,
     score_rows,
 )
@@ -352,7 +352,7 @@ def _collect(
     for k, role in enumerate(roles):
         for m, metric in enumerate(metrics):
             rows.append(("restored", site, role, metric, by_role[m, k].mean().item()))
-        per_example.append(example_frame(site, role, by_role[0, k], s_orig, s_corr))
+        per_example.append(example_rows(site, role, by_role[0, k], s_orig, s_corr))
 
 
 def _restore_states(

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -111,29 +112,38 @@ def baseline_rows(
     ]
 
 
-def example_frame(
+@dataclass(frozen=True)
+class ExampleRows:
+    """The per-example rows of one (site, role): each document's restored likelihood beside
+    its original and corrupted one; :func:`assemble` joins them into one frame."""
+
+    site: str
+    role: str
+    restored: np.ndarray
+    original: np.ndarray
+    corrupted: np.ndarray
+
+
+def example_rows(
     site: str, role: str, restored: torch.Tensor, s_orig: torch.Tensor, s_corr: torch.Tensor
-) -> pd.DataFrame:
-    """The per-example rows of one (site, role): each document's restored likelihood
-    (``restored`` [N]) beside its original and corrupted one (row 0 of the scores)."""
-    return pd.DataFrame(
-        {
-            "doc": range(len(restored)),
-            "site": site,
-            "role": role,
-            "restored": restored.cpu().numpy(),
-            "original": s_orig[0].cpu().numpy(),
-            "corrupted": s_corr[0].cpu().numpy(),
-        }
-    )
+) -> ExampleRows:
+    """The rows of one (site, role): ``restored`` [N] beside row 0 of the scores."""
+    numpy = (t.cpu().numpy() for t in (restored, s_orig[0], s_corr[0]))
+    return ExampleRows(site, role, *numpy)
 
 
-def assemble(rows: list, per_example: list[pd.DataFrame]) -> InterchangeResult:
-    """The result of the table's ``rows`` and the per-example frames."""
+def assemble(rows: list, per_example: list[ExampleRows]) -> InterchangeResult:
+    """The result of the table's ``rows`` and the per-example rows, as one frame each."""
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
-    examples = (
-        pd.concat(per_example, ignore_index=True)
-        if per_example
-        else pd.DataFrame(columns=PER_EXAMPLE_COLUMNS)
-    )
+    if not per_example:
+        return InterchangeResult(table, pd.DataFrame(columns=PER_EXAMPLE_COLUMNS))
+    sizes = [len(part.restored) for part in per_example]
+    columns = {
+        "doc": np.concatenate([np.arange(size) for size in sizes]),
+        "site": np.repeat([part.site for part in per_example], sizes),
+        "role": np.repeat([part.role for part in per_example], sizes),
+    }
+    for name in ("restored", "original", "corrupted"):
+        columns[name] = np.concatenate([getattr(part, name) for part in per_example])
+    examples = pd.DataFrame(columns)
     return InterchangeResult(table, examples)

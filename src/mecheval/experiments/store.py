@@ -219,9 +219,9 @@ def run_table(run_dir: Path) -> pd.DataFrame:
         "state_size": model_state_size(json.dumps(config.get("model", {}), sort_keys=True)),
     }
     head.update(flatten({k: v for k, v in config.items() if k in ("task", "model", "training")}))
-    for column, value in reversed(head.items()):
-        measurements.insert(0, column, [value] * len(measurements))
-    return measurements
+    rows = len(measurements)
+    head_columns = pd.DataFrame({c: [v] * rows for c, v in head.items()}, index=measurements.index)
+    return pd.concat([head_columns, measurements], axis=1)
 
 
 def _origin(run_dir: Path) -> tuple[str, str]:

@@ -5,8 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from mecheval.errors import ConfigError
+from mecheval.models.mixers.base import Mixer
+from mecheval.models.registry import ARCHITECTURES, architecture
 from mecheval.tasks import TASKS
 from mecheval.training.config import config_from_data, resolve, total_steps
 from mecheval.training.presets import preset
@@ -67,3 +70,42 @@ def test_planning_builds_the_model_of_a_run_to_train_not_of_one_finished(
     other = spec.model_copy(update={"set": {"training.lr": 0.5}})
     plan.plan_runs(other, tmp_path)
     assert built == names
+
+
+class _Limited(Mixer):
+    """A mixer that takes documents of at most 4 tokens (``max_length``): the tiny AR
+    preset's are 7."""
+
+    def __init__(self, d_model: int, options: object) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(d_model, d_model)
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x)
+
+    def max_length(self) -> int:
+        return 4
+
+
+class _Unlimited(_Limited):
+    def max_length(self) -> None:
+        return None
+
+
+def test_a_mixer_too_short_for_the_documents_fails_when_resolved_even_after_a_build() -> None:
+    """The limit is read from a build of the model, which runs of one model config share;
+    an architecture registered again under the same name is built again."""
+    cfg = config_from_data(preset("tiny", "ar", "attention"), ["model.architecture=limited"])
+    try:
+        architecture("limited")(_Limited)
+        with pytest.raises(ConfigError, match=r"^model\.mixer\.l_max: 4 is shorter"):
+            resolve(cfg)
+        ARCHITECTURES.pop("limited")
+        architecture("limited")(_Unlimited)
+        assert resolve(cfg).model.architecture == "limited"
+        ARCHITECTURES.pop("limited")
+        architecture("limited")(_Limited)
+        with pytest.raises(ConfigError, match=r"^model\.mixer\.l_max: 4 is shorter"):
+            resolve(cfg)
+    finally:
+        ARCHITECTURES.pop("limited", None)

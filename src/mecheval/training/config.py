@@ -23,6 +23,7 @@ from mecheval.io import load_yaml
 from mecheval.models import ModelConfig, build_model
 from mecheval.models.backbone import uses_position_embedding
 from mecheval.models.mixers.base import Mixer
+from mecheval.models.registry import ARCHITECTURES
 from mecheval.tasks import TASKS, TaskConfig, get_task
 from mecheval.training.precision import Precision
 
@@ -211,15 +212,31 @@ def check_buildable(model: ModelConfig, length: int) -> None:
     architecture cannot take with this shape (e.g. an H3 head_dim that does not divide d_model),
     or a mixer that cannot take the task's ``length``-token documents, is a ConfigError when
     the config is resolved, before any run folder is written."""
-    with torch.device("meta"):
-        built = build_model(model)
-    limits = [m.max_length() for m in built.modules() if isinstance(m, Mixer)]
-    shortest = min((n for n in limits if n is not None), default=None)
+    shortest = _shortest_limit(model)
     if shortest is not None and shortest < length:
         raise ConfigError(
             f"model.mixer.l_max: {shortest} is shorter than the task's longest document "
             f"({length} tokens); lower the task's document length or raise l_max"
         )
+
+
+#: :func:`_shortest_limit` by model config and the architectures registered when it was
+#: built: the runs of a grid that differ only in training share one build.
+_LIMITS: dict[tuple, int | None] = {}
+
+
+def _shortest_limit(model: ModelConfig) -> int | None:
+    """The longest document every mixer of ``model`` takes (None: no limit), from a build
+    on the meta device."""
+    key = (model.model_dump_json(), tuple(ARCHITECTURES.values()))
+    if key not in _LIMITS:
+        with torch.device("meta"):
+            built = build_model(model)
+        limits = [m.max_length() for m in built.modules() if isinstance(m, Mixer)]
+        if len(_LIMITS) >= 256:
+            _LIMITS.clear()
+        _LIMITS[key] = min((n for n in limits if n is not None), default=None)
+    return _LIMITS[key]
 
 
 def check_device(device: str, field: str = "training.device") -> None:

@@ -8,8 +8,9 @@ must exit 0 without a traceback; a plain ``mecheval ...`` runs in a process fork
 that has imported mecheval (tests/cli_processes.py), anything else through bash. What
 changes in a command before it runs is in :data:`SUBSTITUTIONS` (placeholders, and presets
 that would train for minutes, at the ``tiny`` preset: the same pipeline in seconds); the
-commands that cannot run here are in :data:`NOT_RUN`, each with its reason. A command added
-to a page is run by default.
+commands that cannot run here are in :data:`NOT_RUN`, each with its reason; a ``reproduce``
+the session's tiny catalog already ran is held to what it gave there
+(:func:`ran_by_the_catalog`). A command added to a page is run by default.
 
 The pages' Python blocks are run too: those another test runs with its own checks are
 claimed by :func:`_tested_elsewhere` (the claim checked against that test's own reading of
@@ -254,15 +255,61 @@ def _own_copy(workspace: Path, tmp_path: Path) -> Path:
     return here
 
 
+#: A page's ``reproduce NAME`` at the tiny preset (with or without ``--workers N``, which
+#: changes how runs are shared out, not what they give: tests/test_experiments.py): the
+#: session's tiny catalog ran it (tests/conftest.py, ``reproduce NAME --preset tiny -q``)
+#: into the folder the workspace copies, so running it again would only report again.
+_CATALOG_COMMAND = re.compile(
+    r"mecheval reproduce ([\w-]+)(?: --workers \d+)? --preset tiny(?: --workers \d+)?"
+)
+
+
+def ran_by_the_catalog(command: str) -> str | None:
+    """The experiment the tiny catalog ran as ``command`` (substituted), or None."""
+    match = _CATALOG_COMMAND.fullmatch(command)
+    return match.group(1) if match else None
+
+
+def test_a_catalog_command_is_one_the_catalog_runs() -> None:
+    from mecheval.experiments import known
+    from mecheval.experiments.catalog import list_experiments
+
+    names = {experiment.name for experiment in list_experiments()} | {known.NAME}
+    claimed = {
+        ran_by_the_catalog(substituted(c))
+        for block in shell_blocks()
+        for c in commands(block.code)
+        if c not in NOT_RUN
+    } - {None}
+    assert claimed and claimed <= names
+    assert ran_by_the_catalog("mecheval reproduce hybrids --workers 2 --preset tiny") == "hybrids"
+    assert ran_by_the_catalog("mecheval reproduce mqar --preset tiny --workers 2") == "mqar"
+    for other in (
+        "mecheval reproduce ar --preset tiny --archs attention",
+        "mecheval reproduce ar --seeds 0,1,2 --preset tiny",
+        "mecheval --plugin p.py reproduce ar --preset tiny",
+        "mecheval reproduce ar --preset quick",
+    ):
+        assert ran_by_the_catalog(other) is None, other
+
+
 @pytest.mark.parametrize("block", shell_blocks(), ids=lambda b: b.id)
-def test_every_shell_command_on_the_pages_runs(block: Block, workspace: Path, tmp_path) -> None:
+def test_every_shell_command_on_the_pages_runs(
+    block: Block, workspace: Path, tiny_experiments, tmp_path
+) -> None:
     """The block's commands in order, in a copy of the workspace of its own (two pages may
-    train runs of one name with different configs, which a run folder refuses)."""
+    train runs of one name with different configs, which a run folder refuses); a
+    ``reproduce`` the tiny catalog ran is held to what it gave there."""
     here = _own_copy(workspace, tmp_path)
     for command in commands(block.code):
         if command not in NOT_RUN:
             command = substituted(command)
-            _ok(_run(command, here), command)
+            name = ran_by_the_catalog(command)
+            if name:
+                done = tiny_experiments[name]
+                assert done.exit_code == 0 and "Traceback" not in done.output, command
+            else:
+                _ok(_run(command, here), command)
 
 
 def _tested_elsewhere(block: Block) -> str | None:

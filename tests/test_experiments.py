@@ -258,16 +258,25 @@ def test_site_grammar() -> None:
     assert describe_site("layers.0.mixer.conv.output") == "layer 0's mixer conv output"
 
 
-# Both Ray tests start a local cluster of this machine: in one test process, one at a time.
-@pytest.mark.xdist_group("ray")
-def test_ray_backend_on_a_local_instance(tmp_path) -> None:
-    import ray  # the `ray` extra: `make setup` installs it, so CI always runs this test
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray cluster of this machine for the module's Ray tests (in one test
+    process: xdist_group "ray"); it declares a GPU, which this machine needs not have."""
+    ray = pytest.importorskip("ray")  # the `ray` extra: `make setup` installs it, as CI does
+    ray.init(
+        num_cpus=2,
+        num_gpus=1,
+        include_dashboard=False,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+    )
+    yield ray
+    ray.shutdown()
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
-    try:
-        outcomes = run_sweep(tiny_spec(), tmp_path / "ray", backend="ray")
-    finally:
-        ray.shutdown()
+
+@pytest.mark.xdist_group("ray")
+def test_ray_backend_on_a_local_instance(tmp_path, local_ray) -> None:
+    outcomes = run_sweep(tiny_spec(), tmp_path / "ray", backend="ray")
     local = run_sweep(tiny_spec(), tmp_path / "local")
     assert [o.state for o in outcomes] == ["done", "done"]
     for o in local:
@@ -290,12 +299,11 @@ def test_gpu_groups_ask_ray_for_a_share_of_a_card() -> None:
 
 @pytest.mark.xdist_group("ray")
 def test_a_cuda_sweep_on_ray_asks_for_gpus_and_each_worker_checks_its_device(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, local_ray
 ) -> None:
     """A local Ray that declares one GPU (this machine needs none): three runs on cuda, one
     group each, ask for a third of the card each; where the worker has no CUDA, each run
     fails with the device's one-line reason and the sweep goes on."""
-    ray = pytest.importorskip("ray")  # a GPU machine may lack it; CI installs it
     from ray.remote_function import RemoteFunction
 
     asked: list[float] = []
@@ -308,18 +316,8 @@ def test_a_cuda_sweep_on_ray_asks_for_gpus_and_each_worker_checks_its_device(
     monkeypatch.setattr(RemoteFunction, "options", spy)
     spec = tiny_spec().model_copy(update={"set": {"training.device": "cuda"}})
     spec = spec.model_copy(update={"grid": {"training.seed": [0, 1, 2]}})
-    ray.init(
-        num_cpus=2,
-        num_gpus=1,
-        include_dashboard=False,
-        log_to_driver=False,
-        _node_ip_address="127.0.0.1",
-    )
-    try:
-        outcomes = run_sweep(spec, tmp_path, backend="ray", group_size=1)
-        stacked = run_sweep(spec, tmp_path / "stacked", backend="ray")
-    finally:
-        ray.shutdown()
+    outcomes = run_sweep(spec, tmp_path, backend="ray", group_size=1)
+    stacked = run_sweep(spec, tmp_path / "stacked", backend="ray")
     # Three groups of one share the card; stacked (a GPU's default), one group has it whole.
     assert asked == [0.3333] * 3 + [1.0]
     for o in [*outcomes, *stacked]:

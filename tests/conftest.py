@@ -93,25 +93,44 @@ class TinyExperiments:
     def __getitem__(self, name: str) -> Reproduced:
         from filelock import FileLock
 
-        record = self.root / "results" / f"{name}.json"
         with FileLock(str(self.root / f"{name}.lock")):  # one process runs it, others wait
-            if not record.exists():
-                record.parent.mkdir(parents=True, exist_ok=True)
-                record.write_text(json.dumps(_reproduce(name, self.root / "runs")))
-        done = json.loads(record.read_text())
+            self._run_once(name)
+        done = json.loads(self._record(name).read_text())
         return Reproduced(done["exit_code"], done["output"], self.root / "runs" / f"{name}-tiny")
 
     def runs(self) -> Path:
         """The --out folder, every experiment finished in it (and the data cache)."""
+        from filelock import FileLock, Timeout
+
         from mecheval.experiments.catalog import list_experiments
 
-        names = [experiment.name for experiment in list_experiments()]
-        # Under pytest-xdist, odd workers start from the other end: two workers that both
-        # want every experiment each run half of them instead of waiting on each other's.
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-        for name in names[:: -1 if int(worker.removeprefix("gw") or 0) % 2 else 1]:
+        # Under pytest-xdist, workers that all want every experiment share them out: each
+        # runs the next one no other worker is running, then waits for those others ran.
+        others = []
+        for experiment in list_experiments():
+            lock = FileLock(str(self.root / f"{experiment.name}.lock"))
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                others.append(experiment.name)
+                continue
+            try:
+                self._run_once(experiment.name)
+            finally:
+                lock.release()
+        for name in others:
             self[name]
         return self.root / "runs"
+
+    def _record(self, name: str) -> Path:
+        return self.root / "results" / f"{name}.json"
+
+    def _run_once(self, name: str) -> None:
+        """Run the experiment unless it has run (the caller holds its lock)."""
+        record = self._record(name)
+        if not record.exists():
+            record.parent.mkdir(parents=True, exist_ok=True)
+            record.write_text(json.dumps(_reproduce(name, self.root / "runs")))
 
 
 @pytest.fixture(scope="session")

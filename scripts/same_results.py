@@ -63,9 +63,18 @@ def record(folder: Path, quick: bool) -> None:
             str(path.relative_to(out)): sha256(path.read_bytes())
             for path in sorted(sweep.glob("*/model.safetensors"))
         }
-        results[name] = {"exit": result.exit_code, "printed": sha256(text.encode()), **models}
+        results[name] = {
+            "exit": result.exit_code,
+            "printed": sha256(text.encode()),
+            "models": models,
+        }
         print(f"{name}: exit {result.exit_code}, {len(models)} models", flush=True)
     (folder / "results.json").write_text(json.dumps(results, indent=1))
+
+
+def _flat(recorded: dict) -> dict:
+    """One experiment's record as key -> value, each model under its path."""
+    return {"exit": recorded["exit"], "printed": recorded["printed"], **recorded["models"]}
 
 
 def compare(before: Path, after: Path) -> int:
@@ -74,10 +83,11 @@ def compare(before: Path, after: Path) -> int:
     differ = [f"{name}: only in {before}" for name in a.keys() - b.keys()]
     differ += [f"{name}: only in {after}" for name in b.keys() - a.keys()]
     for name in a.keys() & b.keys():
-        for key in sorted(a[name].keys() | b[name].keys()):
-            if a[name].get(key) != b[name].get(key):
+        before, after = _flat(a[name]), _flat(b[name])
+        for key in sorted(before.keys() | after.keys()):
+            if before.get(key) != after.get(key):
                 differ.append(f"{name}: {key} differs")
-    models = sum(len(v) - 2 for v in a.values())
+    models = sum(len(v["models"]) for v in a.values())
     print("\n".join(sorted(differ)) or f"same: {len(a)} experiments, {models} models, outputs")
     return 1 if differ else 0
 

@@ -91,16 +91,14 @@ class TinyExperiments:
     root: Path
 
     def __getitem__(self, name: str) -> Reproduced:
-        from filelock import FileLock
-
-        with FileLock(str(self.root / f"{name}.lock")):  # one process runs it, others wait
+        with self._lock(name):  # one process runs it, others wait
             self._run_once(name)
         done = json.loads(self._record(name).read_text())
         return Reproduced(done["exit_code"], done["output"], self.root / "runs" / f"{name}-tiny")
 
     def runs(self) -> Path:
         """The --out folder, every experiment finished in it (and the data cache)."""
-        from filelock import FileLock, Timeout
+        from filelock import Timeout
 
         from mecheval.experiments.catalog import list_experiments
 
@@ -108,7 +106,7 @@ class TinyExperiments:
         # runs the next one no other worker is running, then waits for those others ran.
         others = []
         for experiment in list_experiments():
-            lock = FileLock(str(self.root / f"{experiment.name}.lock"))
+            lock = self._lock(experiment.name)
             try:
                 lock.acquire(timeout=0)
             except Timeout:
@@ -121,6 +119,11 @@ class TinyExperiments:
         for name in others:
             self[name]
         return self.root / "runs"
+
+    def _lock(self, name: str):
+        from filelock import FileLock
+
+        return FileLock(str(self.root / f"{name}.lock"))
 
     def _record(self, name: str) -> Path:
         return self.root / "results" / f"{name}.json"

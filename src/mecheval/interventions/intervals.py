@@ -80,8 +80,9 @@ def restore_intervals(per_example: pd.DataFrame, bootstrap: Bootstrap = BOOTSTRA
     grouped = per_example.groupby(["site", "role"], sort=False)
     point = grouped[columns].mean()  # one row per (site, role), in the order they first appear
     # The rows of each (site, role) as one block, in document order, blocks in that order too.
-    order = np.lexsort((per_example["doc"].to_numpy(), grouped.ngroup().to_numpy()))
-    docs = per_example["doc"].to_numpy()[order]
+    docs = per_example["doc"].to_numpy()
+    order = np.lexsort((docs, grouped.ngroup().to_numpy()))
+    docs = docs[order]
     blocks = np.split(docs, np.cumsum(grouped.size().to_numpy())[:-1])
     for (site, role), block in zip(point.index, blocks, strict=True):
         if not np.array_equal(block, blocks[0]):

@@ -54,8 +54,11 @@ def run_local(
     groups = group_jobs(jobs, group_size)
     # A sweep whose runs are all over (a rerun to see its results) reads their outcomes here:
     # no worker has anything to do.
-    every_run_over = all(job.is_over() for job in jobs)
-    if workers <= 1 or every_run_over or (on_one_gpu(jobs) and lone_runs_replay(groups)):
+    if (
+        workers <= 1
+        or all(job.is_over() for job in jobs)
+        or (on_one_gpu(jobs) and lone_runs_replay(groups))
+    ):
         sink = CallbackSink(on_progress) if on_progress else None
         with stop_on_sigterm():
             results = []

@@ -26,7 +26,7 @@ from mecheval.interventions.patch import patch, record
 from mecheval.interventions.prefix import prefix_cache, run_from
 from mecheval.interventions.result import prepare
 from mecheval.models import ModelConfig, build_model, registry
-from mecheval.models.mixers.base import Mixer, index_states
+from mecheval.models.mixers.base import Mixer
 from mecheval.models.registry import BUILTIN_ARCHITECTURES, architecture
 from mecheval.models.sites import layer_site, site_names, state_site_names
 from mecheval.tasks import ARConfig, build_datasets, corrupt
@@ -74,20 +74,20 @@ def state_readout(model, layer, original, corrupted, role, mix, readout):
     docs = torch.arange(n)
     with torch.no_grad(), record(model, [layer_site(j, "input") for j in range(2)]) as runs:
         model(original.tokens, at=original.query)
-        h_orig = model.layers[layer].mixer.states_of(
+        h_orig = model.layers[layer].mixer.prefix(
             model.layers[layer].mixer_norm(runs[layer_site(layer, "input")])
         )
         model(corrupted.tokens, at=corrupted.query)
         prefix = prefix_cache(model, [runs[layer_site(j, "input")] for j in range(2)])
     block = model.layers[layer]
-    h_corr = block.mixer.states_of(block.mixer_norm(prefix.inputs[layer]))
+    h_corr = block.mixer.prefix(block.mixer_norm(prefix.inputs[layer]))
     src, dst = original.roles[role], corrupted.roles[role]
     out = torch.empty(n, dtype=torch.float64)
     with torch.no_grad():
         for b in range(n):
             start = int(dst[b])
             one = docs[b : b + 1]
-            o, c = index_states(h_orig, one, src[b]), index_states(h_corr, one, start)
+            o, c = h_orig.after(one, src[b]), h_corr.after(one, start)
             if isinstance(o, tuple):
                 state = tuple(ci + mix * (oi - ci) for oi, ci in zip(o, c, strict=True))
             else:
@@ -159,7 +159,7 @@ class LinearOptions(BaseModel):
 class LinearRecurrence(Mixer):
     """h_t = lam * h_{t-1} + W x_t, y_t = U h_t: linear, with a recurrent state site."""
 
-    has_recurrent_state = True
+    carries = "state"
 
     def __init__(self, d_model: int, options: LinearOptions) -> None:
         super().__init__()
@@ -167,10 +167,10 @@ class LinearRecurrence(Mixer):
         self.u = nn.Linear(d_model, d_model, bias=False)
         self.lam = nn.Parameter(torch.linspace(0.3, 0.9, d_model))
 
-    def prefix_halo(self) -> int | None:
+    def halo(self) -> int | None:
         return 0
 
-    def prefix_states(self, x: torch.Tensor) -> torch.Tensor:
+    def final_states(self, x: torch.Tensor) -> torch.Tensor:
         drive, h, out = self.w(x), torch.zeros_like(x[:, 0]), []
         for t in range(x.shape[1]):
             h = self.lam * h + drive[:, t]
@@ -178,7 +178,7 @@ class LinearRecurrence(Mixer):
         return torch.stack(out, 1)
 
     def mix(self, x: torch.Tensor) -> torch.Tensor:
-        return self.u(self.prefix_states(x))
+        return self.u(self.final_states(x))
 
     def mix_from(self, x, offset, state, replace=False):
         if state is None:

@@ -174,7 +174,7 @@ class _ShortHalo(_CumSum):
     def mix(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(x + F.pad(x, (0, 0, 1, 0))[:, :-1])
 
-    def prefix_halo(self) -> int:
+    def halo(self) -> int:
         return 0
 
 

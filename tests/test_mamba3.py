@@ -276,12 +276,12 @@ def test_resuming_and_the_state_site_equal_the_full_forward(options: dict) -> No
     rows = torch.tensor([2, 0])
     with torch.no_grad():
         full = mixer(x)
-        states = mixer.states_of(x)
-        halo = mixer.halo()
+        prefix = mixer.prefix(x)
+        states, halo = prefix.states, prefix.halo
         assert halo == (options.get("d_conv") or 1) - 1
         for start in (0, 1, 6, 12):
             lo = max(0, start - halo)
-            into = mixer.state_at(states, rows, start)
+            into = prefix.initial_state(rows, start)
             got = mixer.forward_from(x[rows, lo:], start - lo, into)
             torch.testing.assert_close(got, full[rows, start:], **TOL)
             after = tuple(part[rows, start] for part in states)
@@ -334,8 +334,8 @@ def test_state_size_is_the_state_it_keeps(options: dict, d_conv: int) -> None:
     assert mixer.state_size(13) == own + max(0, d_conv - 1) * (64 + 2 * 64)
     assert state_size(lm, 13) == 2 * mixer.state_size(13)
     with torch.no_grad():
-        states = mixer.states_of(torch.randn(2, 13, 32))
-    assert sum(part[0, -1].numel() for part in states) == own == mixer.prefix_state_size()
+        states = mixer.prefix(torch.randn(2, 13, 32)).states
+    assert sum(part[0, -1].numel() for part in states) == own == mixer.recurrent_state_size(13)
 
 
 def test_defaults_mirror_mamba2_and_the_init_is_the_references() -> None:

@@ -276,10 +276,11 @@ def test_layer_fast_forms_equal_the_reference_form(arch: str) -> None:
     with torch.no_grad():
         u = u.detach()
         full = m.mix(u)
-        states = m.prefix_states(u)
+        prefix = m.prefix(u)
+        states = prefix.states
         rows = torch.arange(u.shape[0])
         for cut in (1, 8, LENGTH - 1):
-            carried = m.state_at(states, rows, cut)
+            carried = prefix.initial_state(rows, cut)
             torch.testing.assert_close(m.mix_from(u, cut, carried), full[:, cut:], **TOL)
             after = states[:, cut]
             replaced = m.mix_from(u, cut, after, replace=True)
@@ -296,9 +297,9 @@ def rayleigh(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def effective_eigenvalues(m: Mixer, u: torch.Tensor) -> torch.Tensor:
     """The transition's eigenvalues at every step t ≥ 1, measured from the states the module
-    keeps after each position (``prefix_states``) and the drive of step t: what the states
+    keeps after each position (``final_states``) and the drive of step t: what the states
     actually did, not what an option says."""
-    states = m.prefix_states(u)
+    states = m.final_states(u)
     prev, now = states[:, :-1], states[:, 1:]
     if isinstance(m, Mamba):  # h_t = a_t ⊙ h_{t-1} + Δ_t B_t x_t, a per channel and state
         xs, delta, b, _, _ = m.ssm_inputs(u)

@@ -1,4 +1,4 @@
-"""Resuming from a prefix (interventions/prefix.py, ``Mixer.prefix_states``): a mixer resumed
+"""Resuming from a prefix (interventions/prefix.py, ``Mixer.prefix``): a mixer resumed
 at position p from its own prefix states gives the outputs its full forward gives at p..,
 and the engine's block-by-block resumption gives the full model's logits, in float64."""
 
@@ -60,11 +60,10 @@ def test_a_resumed_mixer_equals_its_full_forward(case) -> None:
     with torch.no_grad():
         for mixer in (layer.mixer for layer in model.layers):
             full = mixer(x)
-            states = mixer.states_of(x)
-            halo = mixer.halo()
+            prefix = mixer.prefix(x)
             for start in (0, 1, 2, 4, 7, LENGTH - 1):
-                lo = 0 if halo is None else max(0, start - halo)
-                state = None if halo is None else mixer.state_at(states, rows, start)
+                lo = 0 if prefix is None else max(0, start - prefix.halo)
+                state = None if prefix is None else prefix.initial_state(rows, start)
                 got = mixer.forward_from(x[rows, lo:], start - lo, state)
                 torch.testing.assert_close(got, full[rows, start:], rtol=1e-10, atol=1e-10)
 
@@ -85,7 +84,7 @@ def test_running_from_any_block_and_position_gives_the_full_logits(case, resume:
         expected = model(tokens, at=at)
     cache = prefix_cache(model, [acts[site] for site in inputs])
     if not resume:
-        assert cache.halos == [None] * n_layers and cache.states == [None] * n_layers
+        assert cache.prefixes == [None] * n_layers
     docs = torch.arange(4)
     with torch.no_grad():
         for first in range(n_layers + 1):
@@ -137,7 +136,7 @@ def test_over_the_state_budget_a_block_recomputes_its_window(arch: str, monkeypa
     whole = interchange(model, original, corrupted, resume=False)
     monkeypatch.setattr(prefix, "STATE_BUDGET_BYTES", 0)
     cache = prefix.prefix_cache(model, [torch.zeros(12, 9, 16)] * 2)
-    assert cache.halos == [None, None] and cache.states == [None, None]
+    assert cache.prefixes == [None, None]
     capped = interchange(model, original, corrupted)
     torch.testing.assert_close(
         torch.tensor(capped.per_example.restored.to_numpy()),

@@ -32,10 +32,10 @@ def model_for(arch: str, n_layers: int = 2, short_conv=None, **mixer):
 
 def kept_state_floats(mixer: Mixer, x: torch.Tensor) -> int:
     """Floats per sequence of the state a resumable mixer keeps after the last position:
-    what it actually carries, read off its prefix states."""
-    states = mixer.states_of(x)
-    parts = states if isinstance(states, tuple) else (states,)
-    if parts[0].dim() == 4 and parts[0].shape[2] == x.shape[1]:  # attention: [B, H, T, d]
+    what it actually carries, read off its prefix."""
+    prefix = mixer.prefix(x)
+    parts = prefix.states if isinstance(prefix.states, tuple) else (prefix.states,)
+    if prefix.carries == "history":  # attention's keys and values at every position
         return sum(p[0].numel() for p in parts)
     return sum(p[0, -1].numel() for p in parts)  # a recurrence: [B, T, ...] per position
 

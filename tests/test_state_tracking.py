@@ -158,19 +158,19 @@ class ParityRecurrence(Mixer):
     delays what an SSM's state takes in (the state right after the element misses it); the
     output multiplies in the last ``lag`` elements' factors from the window."""
 
-    has_recurrent_state = True
+    carries = "state"
 
     def __init__(self, lag: int = 0) -> None:
         super().__init__()
         self.lag = lag
 
-    def prefix_halo(self) -> int | None:
+    def halo(self) -> int | None:
         return self.lag
 
     def recurrent_state_size(self, seq_len: int) -> int | None:
         return 1
 
-    def prefix_states(self, x: torch.Tensor) -> torch.Tensor:
+    def final_states(self, x: torch.Tensor) -> torch.Tensor:
         return self._run(x, 0, None)[1]
 
     def mix(self, x: torch.Tensor) -> torch.Tensor:

@@ -82,9 +82,10 @@ def check_sites(arch: str, options: Mapping[str, Any] | None = None) -> str:
 
 
 def check_resume(arch: str, options: Mapping[str, Any] | None = None) -> str:
-    """Every mixer resumed at every cut p from its own prefix states (``Mixer.prefix_states``,
-    ``state_at``, ``forward_from``) gives its full forward's outputs at p.. (float64); with a
-    recurrent state, replacing the state after p by itself changes nothing either."""
+    """Every mixer resumed at every cut p from its own prefix (``Mixer.prefix``,
+    ``Prefix.initial_state``, ``Mixer.forward_from``) gives its full forward's outputs at p..
+    (float64); with a recurrent state, replacing the state after p by itself changes nothing
+    either."""
     model = make_model(arch, options, short_conv=None).double()
     x = torch.randn(3, 11, D_MODEL, generator=torch.Generator().manual_seed(5), dtype=torch.double)
     rows = torch.tensor([2, 0])
@@ -92,18 +93,18 @@ def check_resume(arch: str, options: Mapping[str, Any] | None = None) -> str:
     with torch.no_grad():
         for i, mixer in enumerate(layer.mixer for layer in model.layers):
             full = mixer(x)
-            halo = mixer.halo()
-            states = None if halo is None else mixer.states_of(x)
-            kinds.add("recomputes its window" if halo is None else f"resumes (halo {halo})")
+            prefix = mixer.prefix(x)
+            kind = "recomputes its window" if prefix is None else f"resumes (halo {prefix.halo})"
+            kinds.add(kind)
             for start in range(x.shape[1]):
-                lo = 0 if halo is None else max(0, start - halo)
-                state = None if halo is None else mixer.state_at(states, rows, start)
+                lo = 0 if prefix is None else max(0, start - prefix.halo)
+                state = None if prefix is None else prefix.initial_state(rows, start)
                 got = mixer.forward_from(x[rows, lo:], start - lo, state)
                 diff = max_diff(got, full[rows, start:])
                 require(diff < 1e-10, f"layers.{i}.mixer resumed at {start} differs by {diff:.2e}")
                 worst = max(worst, diff)
-                if getattr(mixer, "has_recurrent_state", False):
-                    after = mixer.state_at(states, rows, start + 1)
+                if prefix is not None and prefix.carries == "state":
+                    after = prefix.after(rows, start)
                     got = mixer.forward_from(x[rows, lo:], start - lo, after, replace=True)
                     diff = max_diff(got, full[rows, start:])
                     require(

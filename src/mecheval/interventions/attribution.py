@@ -38,7 +38,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -46,7 +45,7 @@ from mecheval.interventions import result as common
 from mecheval.interventions.patch import record
 from mecheval.interventions.prefix import PrefixCache, prefix_cache, run_from
 from mecheval.models.backbone import LanguageModel
-from mecheval.models.mixers.base import index_states
+from mecheval.models.mixers.base import Prefix
 from mecheval.models.sites import get_site, layer_site, state_site_layer, state_site_names
 from mecheval.tasks.batch import Batch
 
@@ -136,7 +135,7 @@ def estimate_cells(
         for site in module_sites:
             grads[site] += run.grads[site] / len(points)
         prefix = prefix_cache(model, run.inputs)
-        states = {layer: _block_states(model, layer, prefix) for layer in set(state_layers)}
+        states = {layer: prefix.block_prefix(model, layer) for layer in set(state_layers)}
         for layer, role in state_grads:
             g = _state_gradient(model, layer, prefix, states[layer], corrupted, role, readout)
             state_grads[(layer, role)] += _flat(g) / len(points)
@@ -151,17 +150,15 @@ def estimate_cells(
         if layer is not None:
             block = model.layers[layer]
             with torch.no_grad():
-                h_orig = block.mixer.states_of(block.mixer_norm(source_inputs[layer]))
-                h_corr = block.mixer.states_of(block.mixer_norm(corrupted_run.inputs[layer]))
+                h_orig = block.mixer.prefix(block.mixer_norm(source_inputs[layer]))
+                h_corr = block.mixer.prefix(block.mixer_norm(corrupted_run.inputs[layer]))
         for role in roles:
             src, dst = original.roles[role], corrupted.roles[role]
             if layer is None:
                 diff = source[site][docs, src] - corrupted_run.acts[site][docs, dst]
                 g = grads[site][docs, dst]
             else:
-                diff = _flat(index_states(h_orig, docs, src)) - _flat(
-                    index_states(h_corr, docs, dst)
-                )
+                diff = _flat(h_orig.after(docs, src)) - _flat(h_corr.after(docs, dst))
                 g = state_grads[(layer, role)]
             cells[(site, role)] = base + (diff.double() * g.double()).flatten(1).sum(1)
     return CellEstimates(base, cells)
@@ -259,43 +256,31 @@ def _gradients(
     return list(found)
 
 
-def _block_states(model: LanguageModel, layer: int, prefix: PrefixCache) -> Any:
-    """Block ``layer``'s mixer states after every position in the run ``prefix`` holds: the
-    prefix's own, or computed where it keeps none (a mixer that recomputes its window)."""
-    if prefix.states[layer] is not None:
-        return prefix.states[layer]
-    block = model.layers[layer]
-    with torch.no_grad():
-        return block.mixer.states_of(block.mixer_norm(prefix.inputs[layer]))
-
-
 def _state_gradient(
     model: LanguageModel,
     layer: int,
     prefix: PrefixCache,
-    states: Any,
+    states: Prefix,
     corrupted: Batch,
     role: str,
     readout: Readout,
 ) -> tuple[torch.Tensor, ...]:
     """The readout's gradient with respect to block ``layer``'s recurrent state after each
     document's ``role`` position, in the run ``prefix`` holds (``states``: its block's
-    states, :func:`_block_states`; a part per state tensor, [N, ...] each; zero where the
-    position lies after the query)."""
+    prefix, ``PrefixCache.block_prefix``; a part per state tensor, [N, ...] each; zero where
+    the position lies after the query)."""
     block = model.layers[layer]
-    mixer = block.mixer
     dst, at = corrupted.roles[role], corrupted.query
     docs = torch.arange(len(dst), device=dst.device)
-    out = tuple(torch.zeros_like(part) for part in _parts(index_states(states, docs, dst)))
-    halo = mixer.halo() or 0
+    out = tuple(torch.zeros_like(part) for part in _parts(states.after(docs, dst)))
     for start in dst[dst <= at].unique().tolist():
         rows = (dst == start).nonzero()[:, 0]
-        at_start = _parts(index_states(states, rows, start))
+        at_start = _parts(states.after(rows, start))
         parts = tuple(part.detach().requires_grad_() for part in at_start)
-        lo = max(0, start - halo)
+        lo = max(0, start - states.halo)
         window = prefix.inputs[layer][rows, lo:]
         with torch.enable_grad():
-            state = parts if isinstance(states, tuple) else parts[0]
+            state = parts if isinstance(states.states, tuple) else parts[0]
             x = block.forward_from(window, start - lo, state, replace=True)
             logits = run_from(model, prefix, layer + 1, rows, start, x, at[rows])
             total = readout(logits, corrupted.answer[rows]).sum()

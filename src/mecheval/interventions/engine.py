@@ -18,8 +18,8 @@ key, before any mixing) are not run at all: their result is the corrupted result
 Nothing before the patch position is recomputed either (interventions/prefix.py): a patch at
 position p leaves positions < p as the corrupted run had them, so the blocks after the
 patched one (and a patched block boundary's own block) run on positions p.. only, each
-mixer resumed from its prefix state in the corrupted run (``Mixer.prefix_states``: a
-recurrent state, attention's keys and values; a mixer without one recomputes its window).
+mixer resumed from its prefix in the corrupted run (``Mixer.prefix``: a recurrent state,
+attention's keys and values; a mixer without one recomputes its window).
 Rows that share a patch position run together.
 
 ``InterchangeResult.table`` is tidy, one row per value::
@@ -368,27 +368,23 @@ def _restore_states(
     blocks after it from the position (:func:`run_from`)."""
     doc_of_row, src_pos, dst_pos = batch.positions
     block = model.layers[layer]
-    mixer = block.mixer
-    source_states = mixer.states_of(block.mixer_norm(source[layer_site(layer, "input")]))
-    values = index_states(source_states, doc_of_row, src_pos)
+    source_prefix = block.mixer.prefix(block.mixer_norm(source[layer_site(layer, "input")]))
+    values = source_prefix.after(doc_of_row, src_pos)
     at = batch.corrupted.query[doc_of_row]
     scores = batch.s_corr[:, doc_of_row].clone()
     # Equal states (every position before the key) and states after the query change nothing.
-    own_states = prefix.states[layer]
-    if own_states is None:  # over the resuming budget; the state site needs them all the same
-        own_states = mixer.states_of(block.mixer_norm(prefix.inputs[layer]))
-    corrupted_states = index_states(own_states, doc_of_row, dst_pos)
+    own = prefix.block_prefix(model, layer)
+    corrupted_states = own.after(doc_of_row, dst_pos)
     pairs = zip(_parts(values), _parts(corrupted_states), strict=True)
     same = torch.stack([(a == b).flatten(1).all(1) for a, b in pairs]).all(0)
     todo = (~same & (dst_pos <= at)).nonzero()[:, 0]
     todo = todo[dst_pos[todo].argsort(stable=True)]
-    halo = mixer.halo() or 0
     for lo_row in range(0, len(todo), batch.max_batch):
         chunk = todo[lo_row : lo_row + batch.max_batch]
         for start in dst_pos[chunk].unique().tolist():
             rows_ = chunk[dst_pos[chunk] == start]
             docs_ = doc_of_row[rows_]
-            lo = max(0, start - halo)
+            lo = max(0, start - own.halo)
             window = prefix.inputs[layer][docs_, lo:]
             x = block.forward_from(window, start - lo, index_states(values, rows_), replace=True)
             logits = run_from(model, prefix, layer + 1, docs_, start, x, at[rows_])

@@ -1,11 +1,11 @@
 """Running a patched row from its patch position on: a patch at position p leaves
 every position before p as the corrupted run computed it, in every layer. So the corrupted
-run's block inputs and each mixer's prefix states (``Mixer.prefix_states``: a recurrence's
-state after every position, attention's keys and values) are computed once, and a patched
-row runs each later block on positions p.. only, resuming its mixer from the state carried
-into p. A mixer that keeps no prefix state (the ``Mixer`` defaults, e.g. a long convolution,
-or a plugin) recomputes its whole window, and the block's per-position parts (norms, MLP)
-still run on p.. only; so does a mixer that keeps states but declares recomputing faster
+run's block inputs and each mixer's prefix (``Mixer.prefix``: a recurrence's state after
+every position, attention's keys and values) are computed once, and a patched row runs each
+later block on positions p.. only, resuming its mixer from the state carried into p
+(``Prefix.initial_state``). A mixer that keeps no prefix (the ``Mixer`` defaults, e.g. a
+plugin) recomputes its whole window, and the block's per-position parts (norms, MLP) still
+run on p.. only; so does a mixer that keeps states but declares recomputing faster
 (``Mixer.resume_from_prefix``). The engine's patched rows run so through
 :func:`run_from_patch` (patched at a block boundary) and :func:`resume_inside_block` (at a
 site inside a block), rows that resume at the same position as one batch.
@@ -14,14 +14,14 @@ site inside a block), rows that resume at the same position as one batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from mecheval.interventions.patch import patch
 from mecheval.models.backbone import LanguageModel
+from mecheval.models.mixers.base import Prefix
 
-#: The most memory one block's prefix states may take (the corrupted run's state after every
+#: The most memory one block's prefix may take (the corrupted run's state after every
 #: position of every document: DeltaNet at d = 256, T = 35 and 320 documents would be 2.9 GB).
 #: A block over it is not resumed: its mixer recomputes its window.
 STATE_BUDGET_BYTES = 1 << 30
@@ -37,30 +37,38 @@ MAX_START_GROUPS = 8
 
 @dataclass(frozen=True)
 class PrefixCache:
-    """The corrupted run, kept for resuming: ``inputs[j]`` is block j's input [N, T, d];
-    ``states[j]`` its mixer's prefix states and ``halos[j]`` how many inputs before a cut its
-    mixer reads, both None where block j is not resumed (no prefix state, or over
-    :data:`STATE_BUDGET_BYTES`)."""
+    """The corrupted run, kept for resuming: ``inputs[j]`` is block j's input [N, T, d],
+    ``prefixes[j]`` its mixer's :class:`Prefix`, None where block j is not resumed (its mixer
+    cannot resume or recomputes faster, or its prefix is over :data:`STATE_BUDGET_BYTES`)."""
 
     inputs: list[torch.Tensor]
-    states: list[Any]
-    halos: list[int | None]
+    prefixes: list[Prefix | None]
+
+    def block_prefix(self, model: LanguageModel, layer: int) -> Prefix:
+        """Block ``layer``'s prefix, computed where the cache keeps none (the state site needs
+        it whether or not the block resumes)."""
+        kept = self.prefixes[layer]
+        if kept is not None:
+            return kept
+        block = model.layers[layer]
+        with torch.no_grad():
+            made = block.mixer.prefix(block.mixer_norm(self.inputs[layer]))
+        if made is None:
+            raise ValueError(f"layers.{layer}.mixer keeps no state to read")
+        return made
 
 
 def prefix_cache(model: LanguageModel, inputs: list[torch.Tensor]) -> PrefixCache:
-    """The prefix states of every block whose mixer keeps them, from the block inputs of the
-    corrupted run."""
-    states, halos = [], []
+    """The prefix of every block whose mixer resumes, from the block inputs of the corrupted
+    run. One document's prefix is measured first, so that a block over the memory budget is
+    never kept whole."""
+    prefixes: list[Prefix | None] = []
     for layer, x in zip(model.layers, inputs, strict=True):
-        mixer = layer.mixer
-        halo = mixer.halo() if mixer.resume_from_prefix else None
-        per_position = mixer.prefix_state_size()
-        if per_position is not None:
-            size = x.shape[0] * x.shape[1] * per_position * x.element_size()
-            halo = None if size > STATE_BUDGET_BYTES else halo
-        halos.append(halo)
-        states.append(None if halo is None else mixer.states_of(layer.mixer_norm(x)))
-    return PrefixCache(inputs, states, halos)
+        mixer, x = layer.mixer, layer.mixer_norm(x)
+        one = mixer.prefix(x[:1]) if mixer.resume_from_prefix else None
+        fits = one is not None and one.nbytes * x.shape[0] <= STATE_BUDGET_BYTES
+        prefixes.append(mixer.prefix(x) if fits else None)
+    return PrefixCache(inputs, prefixes)
 
 
 def run_from(
@@ -79,14 +87,13 @@ def run_from(
     at = at - start
     n_layers = len(model.layers)
     for j in range(first, n_layers):
-        layer = model.layers[j]
-        halo = cache.halos[j]
-        lo = 0 if halo is None else max(0, start - halo)
+        layer, prefix = model.layers[j], cache.prefixes[j]
+        lo = 0 if prefix is None else max(0, start - prefix.halo)
         window = torch.cat([cache.inputs[j][docs, lo:start], x], dim=1) if lo < start else x
-        state = None if halo is None else layer.mixer.state_at(cache.states[j], docs, start)
+        state = None if prefix is None else prefix.initial_state(docs, start)
         last = j == n_layers - 1
         x = layer.forward_from(
-            window, start - lo, state, at=at if last else None, whole=halo is None
+            window, start - lo, state, at=at if last else None, whole=prefix is None
         )
     if first < n_layers:
         at = torch.zeros_like(at)  # the last block kept the query position alone
@@ -126,7 +133,7 @@ def resume_starts(
     the rows run as one batch instead of one batch per position; otherwise rows start at
     no more than :data:`MAX_START_GROUPS` positions, each the earliest of its run of them."""
     starts = torch.minimum(patched, at)
-    if all(halo is None for halo in prefix.halos[first:]):
+    if all(kept is None for kept in prefix.prefixes[first:]):
         return torch.full_like(starts, int(starts.min()))
     distinct = starts.unique()  # sorted
     if len(distinct) <= MAX_START_GROUPS:
@@ -150,23 +157,22 @@ def resume_inside_block(
     the blocks after it (:func:`run_from`). ``tail``: the last block's MLP at the query only."""
     site, positions, values = patched
     length = prefix.inputs[first].shape[1]
-    block = model.layers[first]
-    halo = prefix.halos[first]
+    block, kept = model.layers[first], prefix.prefixes[first]
     last = first == len(model.layers) - 1
     starts = resume_starts(prefix, first, positions, at)
     logits = None
     for start in starts.unique().tolist():
         group = (starts == start).nonzero()[:, 0]
         docs_, at_ = docs[group], at[group] - start
-        lo = 0 if halo is None else max(0, start - halo)
-        state = None if halo is None else block.mixer.state_at(prefix.states[first], docs_, start)
+        lo = 0 if kept is None else max(0, start - kept.halo)
+        state = None if kept is None else kept.initial_state(docs_, start)
         with patch(model, site, positions[group], values[group], length=length):
             x = block.forward_from(
                 prefix.inputs[first][docs_, lo:],
                 start - lo,
                 state,
                 at=at_ if last and tail else None,
-                whole=halo is None,
+                whole=kept is None,
             )
         if not last:
             out = run_from(model, prefix, first + 1, docs_, start, x, at[group])

@@ -99,8 +99,8 @@ def site_names(model: nn.Module) -> list[str]:
 
 #: The recurrent state a mixer carries from one position to the next (``layers.{i}.mixer.state``):
 #: not a module but a value the engine patches through ``Mixer.mix_from(replace=True)``, for
-#: mixers with ``has_recurrent_state``. Patching it at position r sets the state after r, which
-#: the mixer's output at r and everything after it read, to the source run's.
+#: mixers that carry a "state" (``Mixer.carries``). Patching it at position r sets the state
+#: after r, which the mixer's output at r and everything after it read, to the source run's.
 STATE = "mixer.state"
 
 
@@ -110,7 +110,7 @@ def state_site_names(model: nn.Module) -> list[str]:
     return [
         layer_site(i, STATE)
         for i, layer in enumerate(getattr(model, "layers", []))
-        if getattr(layer.mixer, "has_recurrent_state", False) and not hasattr(layer.mixer, "state")
+        if getattr(layer.mixer, "carries", None) == "state" and not hasattr(layer.mixer, "state")
     ]
 
 

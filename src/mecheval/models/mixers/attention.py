@@ -44,26 +44,30 @@ class Attention(Mixer):
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.out_proj(y.transpose(1, 2).reshape(b, t, d))
 
-    # Resuming from a prefix (Mixer.prefix_states): the state is the key-value cache.
-    def prefix_halo(self) -> int:
+    # Resuming from a prefix (Mixer.final_states): the history is the key-value cache, the
+    # keys and values at every position, [B, T, heads, head_dim] each.
+    carries = "history"
+
+    def halo(self) -> int:
         return 0
 
-    def prefix_states(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.heads(x)[1:]
-
-    def state_at(
-        self, states: tuple[torch.Tensor, torch.Tensor], rows: torch.Tensor, start: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return states[0][rows, :, :start], states[1][rows, :, :start]
+    def final_states(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        _, k, v = self.heads(x)
+        return k.transpose(1, 2), v.transpose(1, 2)
 
     def mix_from(
-        self, x: torch.Tensor, offset: int, state: tuple[torch.Tensor, torch.Tensor]
+        self,
+        x: torch.Tensor,
+        offset: int,
+        initial_state: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> torch.Tensor:
         x = x[:, offset:]
         b, t, d = x.shape
         q, k, v = self.heads(x)
-        cached = state[0].shape[2]
-        k, v = torch.cat([state[0], k], dim=2), torch.cat([state[1], v], dim=2)
+        if initial_state is not None:  # None at the document's start: nothing cached
+            k_before, v_before = (part.transpose(1, 2) for part in initial_state)
+            k, v = torch.cat([k_before, k], dim=2), torch.cat([v_before, v], dim=2)
+        cached = k.shape[2] - t
         # Query i of the window sits at position cached + i and sees keys 0..cached + i.
         mask = torch.ones(t, cached + t, dtype=torch.bool, device=x.device).tril(cached)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)

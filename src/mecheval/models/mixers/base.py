@@ -1,9 +1,10 @@
 """What every sequence mixer shares: the Mixer contract (input/output sites, states, resuming)
-and the helpers of its resume interface."""
+and the Prefix a mixer resumes from."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -11,6 +12,9 @@ from torch import nn
 
 from mecheval.models.mixers.modules import ShortConv
 from mecheval.models.sites import Site
+
+#: What a mixer carries across a cut besides its window (:attr:`Mixer.carries`).
+Carry = Literal["state", "history"]
 
 
 def table1_constant(value: Any) -> Any:
@@ -64,79 +68,70 @@ class Mixer(nn.Module):
 
     # ------------------------------------------------------------ running from a prefix
     # An intervention at position p leaves every position before p as the corrupted run had
-    # it. A mixer that can carry its state across a cut (a recurrence's state, attention's
-    # keys and values) lets the engine run a patched row from p on only: ``prefix_states``
-    # once over the corrupted documents, then ``forward_from`` per patched row. The defaults
-    # (no state: recompute the whole window) are right for every causal mixer, plugins
-    # included. A mixer with a state overrides ``prefix_halo``, ``prefix_states``,
-    # ``state_at`` and ``mix_from``; one whose window carries everything (a short conv and
-    # per-position maps) overrides ``prefix_halo`` alone.
+    # it. A mixer that can carry its state across a cut lets the engine run a patched row from
+    # p on only: :meth:`prefix` once over the corrupted documents (every position's final
+    # state), then :meth:`forward_from` per patched row (the state carried into p its initial
+    # state). The defaults (no state: recompute the whole window) are right for every causal
+    # mixer, plugins included. A mixer with a state sets :attr:`carries` and overrides
+    # :meth:`halo`, :meth:`final_states` and :meth:`mix_from`; one whose window carries
+    # everything (a short conv and per-position maps) overrides :meth:`halo` alone.
 
-    def prefix_halo(self) -> int | None:
-        """How many positions before the cut :meth:`mix_from` reads besides the state (a
-        short conv of k taps: k - 1); None: no prefix state, the window starts at 0."""
+    #: What the mixer carries from one position to the next besides its window: None
+    #: (nothing), "state" (a fixed-size recurrent state, which the state site
+    #: ``layers.{i}.mixer.state`` patches: :meth:`final_states` is the state after every
+    #: position, [B, T, ...] or a tuple of such, and :meth:`mix_from` takes ``replace``) or
+    #: "history" (every input before the cut: attention's keys and values, a long
+    #: convolution's input; :meth:`final_states` is that input at every position, [B, T, ...]).
+    carries: Carry | None = None
+
+    #: Whether the intervention engine resumes this mixer from its prefix (interventions/
+    #: prefix.py) or recomputes its window from the document's start. Resuming gathers each
+    #: row's state, so it pays where the whole window is a sequential scan (Mamba, GLA) and
+    #: loses where a parallel form recomputes the window faster than states of many floats
+    #: per position are gathered (Mamba-2, Gated DeltaNet, DeltaNet, Based set it False:
+    #: docs/performance.md). The state site works either way; both paths compute the same
+    #: numbers (tests/test_prefix.py).
+    resume_from_prefix = True
+
+    def halo(self) -> int | None:
+        """How many positions before the cut :meth:`mix_from` reads besides its initial state
+        (a short conv of k taps: k - 1); None: it cannot resume, its window starts at 0."""
         return None
 
-    def prefix_states(self, x: torch.Tensor) -> Any:
-        """Everything :meth:`state_at` needs to resume this mixer at any position of ``x``
-        [B, T, d] (the input :meth:`mix` sees)."""
+    def final_states(self, x: torch.Tensor) -> Any:
+        """What the mixer carries out of every position of ``x`` [B, T, d] (the input
+        :meth:`mix` sees), as :attr:`carries` says; None where it carries nothing."""
         return None
-
-    def prefix_state_size(self) -> int | None:
-        """Floats :meth:`prefix_states` keeps per document and position (the engine's memory
-        budget reads it): by default the recurrent state after one position, which for
-        attention is one position's keys and values. None: unknown."""
-        return self.recurrent_state_size(1)
-
-    def state_at(self, states: Any, rows: torch.Tensor, start: int) -> Any:
-        """The state carried into position ``start`` of documents ``rows`` (None at 0, or
-        where the mixer keeps none). The default reads states kept as a recurrent state is
-        (``has_recurrent_state``): the state after every position, [B, T, ...] or a tuple."""
-        if states is None or start == 0:
-            return None
-        return index_states(states, rows, start - 1)
 
     def mix_from(
-        self, x: torch.Tensor, offset: int, state: Any, replace: bool = False
+        self, x: torch.Tensor, offset: int, initial_state: Any, replace: bool = False
     ) -> torch.Tensor:
         """:meth:`mix`'s outputs at positions ``offset``.. of the window ``x`` [R, W, d],
-        given the state carried into window position ``offset``: [R, W - offset, d]. With
-        ``replace`` (mixers with :attr:`has_recurrent_state` only) ``state`` is the state
-        *after* position ``offset`` instead, which its output there reads: the state site."""
+        given the state carried into window position ``offset`` (:meth:`Prefix.initial_state`):
+        [R, W - offset, d]. With ``replace`` (mixers that carry a "state" only)
+        ``initial_state`` is the state *after* position ``offset`` instead, which its output
+        there reads: the state site."""
         if replace:
             raise NotImplementedError(f"{type(self).__name__} has no recurrent state site")
         return self.mix(x)[:, offset:]
 
-    #: Whether the intervention engine resumes this mixer from its prefix states
-    #: (interventions/prefix.py) or recomputes its window from the document's start. Resuming
-    #: gathers each row's state, so it pays where the whole window is a sequential scan
-    #: (Mamba, GLA) and loses where a parallel form
-    #: recomputes the window faster than states of many floats per position are gathered
-    #: (Mamba-2, Gated DeltaNet, DeltaNet, Based set it False: docs/performance.md). The state
-    #: site works either way. Both paths compute the same numbers (tests/test_prefix.py).
-    resume_from_prefix = True
-
-    #: Whether the mixer carries a fixed-size recurrent state whose value after each position
-    #: can be patched (the site ``layers.{i}.mixer.state``): its :meth:`prefix_states` are
-    #: that state after every position, [B, T, ...], and :meth:`mix_from` takes ``replace``.
-    has_recurrent_state = False
-
-    def halo(self) -> int | None:
-        """:meth:`prefix_halo` plus what the short-conv switch's conv reads before the cut."""
-        inner = self.prefix_halo()
-        if inner is None or self.short_conv is None:
-            return inner
-        return inner + self.short_conv.kernel_size - 1
-
-    def states_of(self, x: torch.Tensor) -> Any:
-        """:meth:`prefix_states` of the mixer's input x (at its ``input`` site)."""
-        return self.prefix_states(x if self.short_conv is None else self.short_conv(x))
+    def prefix(self, x: torch.Tensor) -> Prefix | None:
+        """This mixer's run over ``x`` [B, T, d] (its ``input`` site's values) kept for
+        resuming it at any position, the short-conv switch's conv included; None where it
+        cannot resume (:meth:`halo` None)."""
+        halo = self.halo()
+        if halo is None:
+            return None
+        if self.short_conv is not None:
+            x = self.short_conv(x)
+            halo += self.short_conv.kernel_size - 1
+        return Prefix(halo, self.final_states(x), self.carries)
 
     def forward_from(
         self,
         x: torch.Tensor,
         offset: int,
-        state: Any,
+        initial_state: Any,
         replace: bool = False,
         whole: bool = False,
     ) -> torch.Tensor:
@@ -144,16 +139,16 @@ class Mixer(nn.Module):
         site sees the positions it computes, a suffix of the document (the ``input`` site the
         window, ``output`` positions ``offset``..): ``patch(..., length=)`` reads them so.
         ``whole``: the window starts at position 0 and is recomputed, as the defaults do,
-        whatever the mixer's own resuming (the engine does so where it keeps no states)."""
+        whatever the mixer's own resuming (the engine does so where it keeps no prefix)."""
         x = self.input(x)
         if self.short_conv is not None:
             x = self.short_conv(x)
         if whole:
             y = Mixer.mix_from(self, x, offset, None)
         elif replace:
-            y = self.mix_from(x, offset, state, replace=True)
+            y = self.mix_from(x, offset, initial_state, replace=True)
         else:  # a mixer without a state site need not take `replace`
-            y = self.mix_from(x, offset, state)
+            y = self.mix_from(x, offset, initial_state)
         return self.output(y)
 
     # ------------------------------------------------------------------------ state size
@@ -193,3 +188,37 @@ def index_states(states: Any, *index: torch.Tensor | int) -> Any:
     if isinstance(states, tuple):
         return tuple(part[index] for part in states)
     return states[index]
+
+
+def _nbytes(states: Any) -> int:
+    parts = states if isinstance(states, tuple) else (states,)
+    return sum(part.numel() * part.element_size() for part in parts if part is not None)
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """A mixer's run over documents, kept for resuming it at any position (:meth:`Mixer.prefix`):
+    ``halo`` inputs before a cut that it reads, and ``states``, what it carries out of every
+    position (None where it carries nothing), read as ``carries`` says."""
+
+    halo: int
+    states: Any
+    carries: Carry | None
+
+    def after(self, rows: torch.Tensor, positions: torch.Tensor | int) -> Any:
+        """The recurrent state after ``positions`` of documents ``rows`` (a "state" mixer's:
+        what its state site holds there)."""
+        return index_states(self.states, rows, positions)
+
+    def initial_state(self, rows: torch.Tensor, start: int) -> Any:
+        """The state carried into position ``start`` of documents ``rows``: the state after
+        ``start`` - 1, or the history before ``start``; None at 0 or where nothing is carried."""
+        if self.states is None or start == 0:
+            return None
+        if self.carries == "history":
+            return index_states(self.states, rows, slice(start))
+        return self.after(rows, start - 1)
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.states is None else _nbytes(self.states)

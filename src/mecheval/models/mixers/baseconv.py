@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from pydantic import Field, field_validator
 from torch import nn
 
-from mecheval.models.mixers.base import Mixer, index_states, with_history
+from mecheval.models.mixers.base import Carry, Mixer, with_history
 from mecheval.models.mixers.long_conv import ImplicitLongConv, MLPFilter
 from mecheval.models.mixers.modules import ShortConv
 from mecheval.models.mixers.options import MixerOptions
@@ -87,27 +87,31 @@ class BaseConv(Mixer):
     def max_length(self) -> int | None:
         return self.conv.filter.l_max if isinstance(self.conv, ImplicitLongConv) else None
 
-    # Resuming from a prefix (Mixer.prefix_states): a short conv reads kernel_size - 1 inputs
+    # Resuming from a prefix (Mixer.final_states): a short conv reads kernel_size - 1 inputs
     # before the cut and carries nothing else, so the window alone resumes it (the default
     # prefix methods); a long convolution reads its input's whole history, which is then the
     # state, [B, T, d] (as attention's is its keys and values).
-    def prefix_halo(self) -> int:
+    def halo(self) -> int:
         return self.conv.kernel_size - 1 if isinstance(self.conv, ShortConv) else 0
 
-    def prefix_states(self, x: torch.Tensor) -> torch.Tensor | None:
+    @property
+    def carries(self) -> Carry | None:  # type: ignore[override]
+        return None if isinstance(self.conv, ShortConv) else "history"
+
+    def final_states(self, x: torch.Tensor) -> torch.Tensor | None:
         return None if isinstance(self.conv, ShortConv) else x
 
-    def state_at(self, states, rows: torch.Tensor, start: int):
-        # The history before the cut, not the state after one position.
-        return None if states is None or start == 0 else index_states(states, rows, slice(start))
-
     def mix_from(
-        self, x: torch.Tensor, offset: int, state: torch.Tensor | None, replace: bool = False
+        self,
+        x: torch.Tensor,
+        offset: int,
+        initial_state: torch.Tensor | None,
+        replace: bool = False,
     ) -> torch.Tensor:
         if isinstance(self.conv, ShortConv) or replace:
-            return super().mix_from(x, offset, state, replace)
+            return super().mix_from(x, offset, initial_state, replace)
         u = x[:, offset:]
-        return self._combine(self.conv.forward_from(*with_history(state, u)), u)
+        return self._combine(self.conv.forward_from(*with_history(initial_state, u)), u)
 
     def recurrent_state_size(self, seq_len: int) -> int:
         # A short conv carries its buffer (counted by Mixer.state_size); a long convolution

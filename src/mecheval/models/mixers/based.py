@@ -89,21 +89,21 @@ class BasedLinearAttention(Mixer):
         y = linear_attention_quadratic(*self.featurise(x))
         return self.proj_o(y.transpose(1, 2).reshape(b, t, d))
 
-    # Resuming from a prefix (Mixer.prefix_states): the state is (S, z) after each position.
-    has_recurrent_state = True
+    # Resuming from a prefix (Mixer.final_states): the state is (S, z) after each position.
+    carries = "state"
     resume_from_prefix = False  # recomputing the window is faster (Mixer.resume_from_prefix)
 
-    def prefix_halo(self) -> int:
+    def halo(self) -> int:
         return 0
 
-    def prefix_states(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def final_states(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return linear_attention_recurrent(*self.featurise(x), keep=True)[1]
 
     def mix_from(
         self,
         x: torch.Tensor,
         offset: int,
-        state: tuple[torch.Tensor, torch.Tensor] | None,
+        initial_state: tuple[torch.Tensor, torch.Tensor] | None,
         replace: bool = False,
     ) -> torch.Tensor:
         x = x[:, offset:]
@@ -116,9 +116,9 @@ class BasedLinearAttention(Mixer):
         if replace:
             a = torch.cat([torch.zeros_like(a[..., :1]), a[..., 1:]], dim=-1)
         num, den = a @ v, a.sum(-1, keepdim=True)
-        if state is not None:
-            num = num + q @ state[0]
-            den = den + (q * state[1].unsqueeze(-2)).sum(-1, keepdim=True)
+        if initial_state is not None:
+            num = num + q @ initial_state[0]
+            den = den + (q * initial_state[1].unsqueeze(-2)).sum(-1, keepdim=True)
         y = num / (den + EPS)
         return self.proj_o(y.transpose(1, 2).reshape(b, t, d))
 

@@ -118,32 +118,36 @@ class DeltaNet(Mixer):
         q, k, v, beta = self.qkv_beta(x)
         return self.finish(delta_rule_chunked(q, k, v, beta, self.options.chunk_size))
 
-    # Resuming from a prefix (Mixer.prefix_states): the state is S after each position,
+    # Resuming from a prefix (Mixer.final_states): the state is S after each position,
     # [B, T, H, d_v, d_k]; the q, k, v convs read conv_size - 1 inputs before the cut.
-    def prefix_halo(self) -> int:
+    def halo(self) -> int:
         return 0 if self.options.conv_size is None else self.options.conv_size - 1
 
-    def prefix_states(self, x: torch.Tensor) -> torch.Tensor:
+    def final_states(self, x: torch.Tensor) -> torch.Tensor:
         return delta_rule_recurrent(*self.qkv_beta(x), keep=True)[1]
 
     def mix_from(
-        self, x: torch.Tensor, offset: int, state: torch.Tensor | None, replace: bool = False
+        self,
+        x: torch.Tensor,
+        offset: int,
+        initial_state: torch.Tensor | None,
+        replace: bool = False,
     ) -> torch.Tensor:
         q, k, v, beta = (t[:, :, offset:] for t in self.qkv_beta(x))
         chunk = self.options.chunk_size
         if not replace:
-            return self.finish(delta_rule_chunked(q, k, v, beta, chunk, initial=state))
+            return self.finish(delta_rule_chunked(q, k, v, beta, chunk, initial=initial_state))
         # The state after the window's first position is given: its output reads it, the
         # rest of the window continues from it.
-        first = (state @ q[:, :, 0, :, None]).transpose(2, 3)
+        first = (initial_state @ q[:, :, 0, :, None]).transpose(2, 3)
         if q.shape[2] == 1:
             return self.finish(first)
         rest = delta_rule_chunked(
-            q[:, :, 1:], k[:, :, 1:], v[:, :, 1:], beta[:, :, 1:], chunk, state
+            q[:, :, 1:], k[:, :, 1:], v[:, :, 1:], beta[:, :, 1:], chunk, initial_state
         )
         return self.finish(torch.cat([first, rest], dim=2))
 
-    has_recurrent_state = True
+    carries = "state"
     resume_from_prefix = False  # recomputing the window is faster (Mixer.resume_from_prefix)
 
     def mix_recurrent(self, x: torch.Tensor) -> torch.Tensor:

@@ -161,20 +161,24 @@ class GatedDeltaNet(Mixer):
         """:meth:`mix` with the step-by-step rule (for tests and debugging)."""
         return self.finish(gated_delta_rule_recurrent(*self.rule_inputs(x)), x)
 
-    # Resuming from a prefix (Mixer.prefix_states): S after each position, by the recurrence.
-    has_recurrent_state = True
+    # Resuming from a prefix (Mixer.final_states): S after each position, by the recurrence.
+    carries = "state"
     resume_from_prefix = False  # recomputing the window is faster (Mixer.resume_from_prefix)
 
-    def prefix_halo(self) -> int:
+    def halo(self) -> int:
         size = self.options.conv_size
         return 0 if size is None else size - 1
 
-    def prefix_states(self, x: torch.Tensor) -> torch.Tensor:
+    def final_states(self, x: torch.Tensor) -> torch.Tensor:
         return gated_delta_rule_recurrent(*self.rule_inputs(x), keep=True)[1]
 
     def mix_from(
-        self, x: torch.Tensor, offset: int, state: torch.Tensor | None, replace: bool = False
+        self,
+        x: torch.Tensor,
+        offset: int,
+        initial_state: torch.Tensor | None,
+        replace: bool = False,
     ) -> torch.Tensor:
         inputs = (t[:, :, offset:] for t in self.rule_inputs(x))
-        o = gated_delta_rule_recurrent(*inputs, initial=state, replace_first=replace)
+        o = gated_delta_rule_recurrent(*inputs, initial=initial_state, replace_first=replace)
         return self.finish(o, x[:, offset:])

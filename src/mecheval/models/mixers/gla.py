@@ -156,18 +156,22 @@ class GLA(Mixer):
         q, k, v, g = self.qkvg(x)
         return self.finish(gla_recurrent(q, k, v, g), x)
 
-    # Resuming from a prefix (Mixer.prefix_states): S after each position, by the recurrence.
-    has_recurrent_state = True
+    # Resuming from a prefix (Mixer.final_states): S after each position, by the recurrence.
+    carries = "state"
 
-    def prefix_halo(self) -> int:
+    def halo(self) -> int:
         return self.options.conv_size - 1 if self.has_conv else 0
 
-    def prefix_states(self, x: torch.Tensor) -> torch.Tensor:
+    def final_states(self, x: torch.Tensor) -> torch.Tensor:
         return gla_recurrent(*self.qkvg(x), keep=True)[1]
 
     def mix_from(
-        self, x: torch.Tensor, offset: int, state: torch.Tensor | None, replace: bool = False
+        self,
+        x: torch.Tensor,
+        offset: int,
+        initial_state: torch.Tensor | None,
+        replace: bool = False,
     ) -> torch.Tensor:
         q, k, v, g = (t[:, :, offset:] for t in self.qkvg(x))
-        o = gla_recurrent(q, k, v, g, initial=state, replace_first=replace)
+        o = gla_recurrent(q, k, v, g, initial=initial_state, replace_first=replace)
         return self.finish(o, x[:, offset:])

@@ -43,7 +43,7 @@ import torch
 from pydantic import Field, field_validator
 from torch import nn
 
-from mecheval.models.mixers.base import Mixer, index_states, table1_constant, with_history
+from mecheval.models.mixers.base import Mixer, table1_constant, with_history
 from mecheval.models.mixers.options import MixerOptions, check_divides
 from mecheval.models.mixers.ssm import DiagSSMKernel, ShiftSSM
 from mecheval.models.ops.h3 import head_outer, head_readout
@@ -126,24 +126,21 @@ class H3(Mixer):
         y = causal_long_conv(history, kernel, start) + kv * self.D.repeat(p * p)
         return self.output_linear(head_readout(y, q, self.n_heads))
 
-    # Resuming from a prefix (Mixer.prefix_states): both SSMs are convolutions over their
+    # Resuming from a prefix (Mixer.final_states): both SSMs are convolutions over their
     # input's whole history (the shift SSM's kernel is d_state = 1024 taps long), so the state
     # is those inputs at every position: k before the shift SSM, and k' v.
-    def prefix_halo(self) -> int:
+    carries = "history"
+
+    def halo(self) -> int:
         return 0
 
-    def prefix_state_size(self) -> int:
-        return self.conv.D.shape[0] + self.head_dim**2 * self.n_heads
-
-    def prefix_states(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def final_states(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         k = self.k_proj(u)
         return k, head_outer(self.conv(k), self.v_proj(u), self.n_heads)
 
-    def state_at(self, states, rows: torch.Tensor, start: int):
-        # The history before the cut, not the state after one position.
-        return None if states is None or start == 0 else index_states(states, rows, slice(start))
-
-    def mix_from(self, u: torch.Tensor, offset: int, state, replace: bool = False) -> torch.Tensor:
+    def mix_from(
+        self, u: torch.Tensor, offset: int, initial_state, replace: bool = False
+    ) -> torch.Tensor:
         if replace:
             raise NotImplementedError("H3 has no recurrent state site")
-        return self._mixed(u[:, offset:], state)
+        return self._mixed(u[:, offset:], initial_state)

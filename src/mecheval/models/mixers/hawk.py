@@ -171,26 +171,30 @@ class Hawk(Mixer):
         h = rglru_scan(log_a, drive)
         return self.linear_out(h * y)
 
-    # Resuming from a prefix (Mixer.prefix_states): the state is the RG-LRU's h after each
+    # Resuming from a prefix (Mixer.final_states): the state is the RG-LRU's h after each
     # position, [B, T, lru_width]; the temporal conv reads conv_size - 1 inputs before the cut.
-    def prefix_halo(self) -> int:
+    def halo(self) -> int:
         return self.conv.kernel_size - 1 if isinstance(self.conv, ShortConv) else 0
 
-    def prefix_states(self, x: torch.Tensor) -> torch.Tensor:
+    def final_states(self, x: torch.Tensor) -> torch.Tensor:
         _, log_a, drive = self.branches(x)
         return rglru_scan(log_a, drive)
 
-    has_recurrent_state = True
+    carries = "state"
 
     def mix_from(
-        self, x: torch.Tensor, offset: int, state: torch.Tensor | None, replace: bool = False
+        self,
+        x: torch.Tensor,
+        offset: int,
+        initial_state: torch.Tensor | None,
+        replace: bool = False,
     ) -> torch.Tensor:
-        if state is None:  # no state: the window starts at the document's start
+        if initial_state is None:  # no state: the window starts at the document's start
             return self.mix(x)[:, offset:]
         y = F.gelu(self.linear_y(x[:, offset:]), approximate="tanh")
         log_a, drive = self.rg_lru.scan_inputs(self.conv(self.linear_x(x))[:, offset:], False)
         # With ``replace``, the state after the window's first position is given.
-        h = rglru_scan_from(log_a, drive, state, replace_first=replace)
+        h = rglru_scan_from(log_a, drive, initial_state, replace_first=replace)
         return self.linear_out(h * y)
 
     def mix_recurrent(self, x: torch.Tensor) -> torch.Tensor:

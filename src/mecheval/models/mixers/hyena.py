@@ -28,7 +28,7 @@ import torch
 from pydantic import Field, field_validator
 from torch import nn
 
-from mecheval.models.mixers.base import Mixer, index_states, table1_constant, with_history
+from mecheval.models.mixers.base import Mixer, table1_constant, with_history
 from mecheval.models.mixers.long_conv import ImplicitFilter, ImplicitLongConv
 from mecheval.models.mixers.modules import ShortConv, optional_conv
 from mecheval.models.mixers.options import MixerOptions
@@ -95,25 +95,28 @@ class Hyena(Mixer):
         x1, x2, v = self.conv(self.in_proj(u)).split(self.d_model, dim=-1)
         return self.out_proj(x2 * self.long_conv(x1 * v))
 
-    # Resuming from a prefix (Mixer.prefix_states): the long convolution reads its input's
+    # Resuming from a prefix (Mixer.final_states): the long convolution reads its input's
     # whole history, so the state is that input, x1 * v, at every position [B, T, d] (as
     # attention's is its keys and values); the short conv reads its kernel size - 1 inputs
     # before the cut.
-    def prefix_halo(self) -> int:
+    def halo(self) -> int:
         return self.conv.kernel_size - 1 if isinstance(self.conv, ShortConv) else 0
 
-    def prefix_states(self, u: torch.Tensor) -> torch.Tensor:
+    carries = "history"
+
+    def final_states(self, u: torch.Tensor) -> torch.Tensor:
         x1, _, v = self.conv(self.in_proj(u)).split(self.d_model, dim=-1)
         return x1 * v
 
-    def state_at(self, states, rows: torch.Tensor, start: int):
-        # The history before the cut, not the state after one position.
-        return None if states is None or start == 0 else index_states(states, rows, slice(start))
-
     def mix_from(
-        self, u: torch.Tensor, offset: int, state: torch.Tensor | None, replace: bool = False
+        self,
+        u: torch.Tensor,
+        offset: int,
+        initial_state: torch.Tensor | None,
+        replace: bool = False,
     ) -> torch.Tensor:
         if replace:
             raise NotImplementedError("Hyena has no recurrent state site")
         x1, x2, v = (t[:, offset:] for t in self.conv(self.in_proj(u)).split(self.d_model, -1))
-        return self.out_proj(x2 * self.long_conv.forward_from(*with_history(state, x1 * v)))
+        history = with_history(initial_state, x1 * v)
+        return self.out_proj(x2 * self.long_conv.forward_from(*history))

@@ -72,8 +72,8 @@ class SelectiveSSM(Mixer):
     def A(self) -> torch.Tensor:
         return -torch.exp(self.A_log)
 
-    def prefix_halo(self) -> int:
-        """The conv reads d_conv - 1 inputs before the cut (Mixer.prefix_halo)."""
+    def halo(self) -> int:
+        """The conv reads d_conv - 1 inputs before the cut (Mixer.halo)."""
         return self.options.d_conv - 1 if self.has_conv else 0
 
     @torch.no_grad()
@@ -141,18 +141,22 @@ class Mamba(SelectiveSSM):
         )
         return self.out_proj(y * F.silu(z))
 
-    # Resuming from a prefix (Mixer.prefix_states): the state is the SSM's h after each
+    # Resuming from a prefix (Mixer.final_states): the state is the SSM's h after each
     # position, [B, T, d_inner, N]; the conv reads d_conv - 1 inputs before the cut.
-    def prefix_states(self, x: torch.Tensor) -> torch.Tensor:
+    def final_states(self, x: torch.Tensor) -> torch.Tensor:
         return self._scan_from(x, 0, None, keep=True)[1].transpose(0, 1)
 
     def mix_from(
-        self, x: torch.Tensor, offset: int, state: torch.Tensor | None, replace: bool = False
+        self,
+        x: torch.Tensor,
+        offset: int,
+        initial_state: torch.Tensor | None,
+        replace: bool = False,
     ) -> torch.Tensor:
-        y, z = self._scan_from(x, offset, state, keep=False, replace=replace)
+        y, z = self._scan_from(x, offset, initial_state, keep=False, replace=replace)
         return self.out_proj(y * F.silu(z))
 
-    has_recurrent_state = True
+    carries = "state"
 
     def _scan_from(
         self,

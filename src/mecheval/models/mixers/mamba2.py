@@ -155,17 +155,21 @@ class Mamba2(SSDHeads):
         neg = self.options.allow_neg_eigval
         return self.finish(ssd_recurrent(x, delta, self.A(), b, c, self.D, neg_eigval=neg), z)
 
-    # Resuming from a prefix (Mixer.prefix_states): h after each position, by the recurrence.
-    has_recurrent_state = True
+    # Resuming from a prefix (Mixer.final_states): h after each position, by the recurrence.
+    carries = "state"
     resume_from_prefix = False  # recomputing the window is faster (Mixer.resume_from_prefix)
 
-    def prefix_states(self, u: torch.Tensor) -> torch.Tensor:
+    def final_states(self, u: torch.Tensor) -> torch.Tensor:
         x, delta, b, c, _ = self.ssd_inputs(u)
         neg = self.options.allow_neg_eigval
         return ssd_recurrent(x, delta, self.A(), b, c, self.D, keep=True, neg_eigval=neg)[1]
 
     def mix_from(
-        self, u: torch.Tensor, offset: int, state: torch.Tensor | None, replace: bool = False
+        self,
+        u: torch.Tensor,
+        offset: int,
+        initial_state: torch.Tensor | None,
+        replace: bool = False,
     ) -> torch.Tensor:
         x, delta, b, c, z = (t[:, offset:] for t in self.ssd_inputs(u))
         y = ssd_recurrent(
@@ -175,7 +179,7 @@ class Mamba2(SSDHeads):
             b,
             c,
             self.D,
-            initial=state,
+            initial=initial_state,
             replace_first=replace,
             neg_eigval=self.options.allow_neg_eigval,
         )

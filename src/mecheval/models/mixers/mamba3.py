@@ -141,18 +141,20 @@ class Mamba3(SSDHeads):
         operands, z = self.recurrence_inputs(u)
         return self.finish(mamba3_recurrent(operands, self.D), z)
 
-    # Resuming from a prefix (Mixer.prefix_states): (h, k, x, Φ) after each position, by the
+    # Resuming from a prefix (Mixer.final_states): (h, k, x, Φ) after each position, by the
     # recurrence; the state site patches all four, everything the next step reads.
-    has_recurrent_state = True
+    carries = "state"
     resume_from_prefix = False  # as Mamba-2: recomputing the window is the faster path
 
-    def prefix_states(self, u: torch.Tensor) -> Mamba3State:
+    def final_states(self, u: torch.Tensor) -> Mamba3State:
         operands, _ = self.recurrence_inputs(u)
         return mamba3_recurrent(operands, self.D, keep=True)[1]
 
     def mix_from(
-        self, u: torch.Tensor, offset: int, state: Mamba3State | None, replace: bool = False
+        self, u: torch.Tensor, offset: int, initial_state: Mamba3State | None, replace: bool = False
     ) -> torch.Tensor:
         operands, z = self.recurrence_inputs(u)
-        y = mamba3_recurrent(operands.after(offset), self.D, initial=state, replace_first=replace)
+        y = mamba3_recurrent(
+            operands.after(offset), self.D, initial=initial_state, replace_first=replace
+        )
         return self.finish(y, z[:, offset:])

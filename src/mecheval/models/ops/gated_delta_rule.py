@@ -32,7 +32,7 @@ def gated_delta_rule_recurrent(
     -> o: [B, H, T, d_v]. q and k are used as given (normalisation and scaling are the
     caller's). ``initial`` [B, H, d_v, d_k]: the state before the first step, or with
     ``replace_first`` after it (its update skipped); with ``keep`` also every state after each
-    step, [B, T, H, d_v, d_k] (resuming from a prefix: ``Mixer.prefix_states``).
+    step, [B, T, H, d_v, d_k] (resuming from a prefix: ``Mixer.final_states``).
     """
     b, h, length, d_k = k.shape
     # S maps keys to values: S k ≈ v

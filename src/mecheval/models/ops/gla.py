@@ -29,7 +29,7 @@ def gla_recurrent(
     S_t = diag(exp(g_t)) S_{t-1} + k_t v_tᵀ and o_t = q_tᵀ S_t; q is used as given.
     ``initial`` [B, H, d_k, d_v]: the state before the first step, or with ``replace_first``
     after it (its update skipped); with ``keep`` also every state after each step,
-    [B, T, H, d_k, d_v] (resuming from a prefix: ``Mixer.prefix_states``).
+    [B, T, H, d_k, d_v] (resuming from a prefix: ``Mixer.final_states``).
     """
     b, h, length, d_k = k.shape
     state = k.new_zeros(b, h, d_k, v.shape[-1]) if initial is None else initial

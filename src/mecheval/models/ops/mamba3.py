@@ -72,7 +72,7 @@ def mamba3_recurrent(
     inputs: :class:`Mamba3Inputs`; D: [H] -> y [b, T, H, P].
     ``initial``: the state (h, k, x, Φ) before the first step (zeros: none), or with
     ``replace_first`` after it (its update skipped); with ``keep`` also every state after each
-    step, a :data:`Mamba3State` of [b, T, ...] tensors (``Mixer.prefix_states``).
+    step, a :data:`Mamba3State` of [b, T, ...] tensors (``Mixer.final_states``).
     """
     x, log_decay, dt, lam, angle_steps, B, C = inputs
     batch, length, heads, p = x.shape

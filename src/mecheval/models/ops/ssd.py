@@ -44,7 +44,7 @@ def ssd_recurrent(
     h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_tᵀ,  y_t = h_t C_t + D x_t.
     ``initial`` [batch, H, P, N]: the state before the first step, or with ``replace_first``
     after it (its update skipped); with ``keep`` also every state after each step,
-    [batch, T, H, P, N] (resuming from a prefix: ``Mixer.prefix_states``). ``neg_eigval``: the
+    [batch, T, H, P, N] (resuming from a prefix: ``Mixer.final_states``). ``neg_eigval``: the
     decay is 2 exp(dt_t A) - 1 instead of exp(dt_t A).
     """
     batch, length, heads, p = x.shape

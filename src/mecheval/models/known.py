@@ -197,15 +197,7 @@ def _mamba_retrieves(model: LanguageModel, layer: int, vocab: int, keys: list[in
     Δ = 1 and A ≈ 0 (no decay), D = 0; the gate z is SiLU's 1 at every position."""
     block = model.layers[layer]
     mixer = block.mixer
-    if not (mixer.has_conv and mixer.conv.kernel_size >= 2 and mixer.conv.bias is not None):
-        raise ConfigError(
-            f"model.layers[{layer}]: direct retrieval in Mamba needs its conv, with its bias"
-        )
-    if not keys or len(keys) > mixer.d_state or 2 * vocab > mixer.d_inner:
-        raise ConfigError(
-            f"model.layers[{layer}]: direct retrieval in Mamba needs 1..d_state "
-            f"({mixer.d_state}) key ids (got {len(keys)}) and d_inner >= 2 * vocab_size"
-        )
+    _check_mamba_by_hand(mixer, layer, vocab, keys)
     # What the layer's norm makes of a position's residual (the same at every position: one
     # one-hot token, and position, of the same size): its token's coordinate and another's.
     residual = model.embedding.weight[0].clone()
@@ -240,6 +232,20 @@ def _mamba_retrieves(model: LanguageModel, layer: int, vocab: int, keys: list[in
     for projection in (mixer.in_proj, mixer.out_proj):  # biases where options.bias has them
         if projection.bias is not None:
             projection.bias.zero_()
+
+
+def _check_mamba_by_hand(mixer: Mamba, layer: int, vocab: int, keys: list[int]) -> None:
+    """The Mamba layer :func:`_mamba_retrieves` sets can hold the mechanism: a conv of two taps
+    or more with its bias, a state column per key, two channel blocks of the vocabulary."""
+    if not (mixer.has_conv and mixer.conv.kernel_size >= 2 and mixer.conv.bias is not None):
+        raise ConfigError(
+            f"model.layers[{layer}]: direct retrieval in Mamba needs its conv, with its bias"
+        )
+    if not keys or len(keys) > mixer.d_state or 2 * vocab > mixer.d_inner:
+        raise ConfigError(
+            f"model.layers[{layer}]: direct retrieval in Mamba needs 1..d_state "
+            f"({mixer.d_state}) key ids (got {len(keys)}) and d_inner >= 2 * vocab_size"
+        )
 
 
 def candidates_by_hand(config: ModelConfig, layer: int, first_value: int) -> LanguageModel:

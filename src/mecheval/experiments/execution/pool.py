@@ -59,17 +59,36 @@ def run_local(
         or all(job.is_over() for job in jobs)
         or (on_one_gpu(jobs) and lone_runs_replay(groups))
     ):
-        sink = CallbackSink(on_progress) if on_progress else None
-        with stop_on_sigterm():
-            results = []
-            for group in groups:
-                results.append(execute_group(group, sink))
-                announce(results[-1], on_progress)
-            return in_job_order(jobs, groups, results)
+        return _run_here(jobs, groups, on_progress)
     ordered = longest_first(groups) if len(groups) > workers else groups
     if on_one_gpu(jobs):  # worker processes would take turns on the card: threads share it
         with stop_on_sigterm():
             return in_job_order(jobs, ordered, run_side_by_side(ordered, workers, on_progress))
+    return _run_in_workers(jobs, ordered, workers, on_progress)
+
+
+def _run_here(
+    jobs: Sequence[Job],
+    groups: list[list[Job]],
+    on_progress: Callable[[SweepEvent], None] | None,
+) -> list[Outcome]:
+    """The groups one after another in this process."""
+    sink = CallbackSink(on_progress) if on_progress else None
+    with stop_on_sigterm():
+        results = []
+        for group in groups:
+            results.append(execute_group(group, sink))
+            announce(results[-1], on_progress)
+        return in_job_order(jobs, groups, results)
+
+
+def _run_in_workers(
+    jobs: Sequence[Job],
+    ordered: list[list[Job]],
+    workers: int,
+    on_progress: Callable[[SweepEvent], None] | None,
+) -> list[Outcome]:
+    """The groups in ``workers`` worker processes, in the order given."""
     # spawn, not fork: forking a process whose torch thread pool is running can deadlock.
     context = multiprocessing.get_context("spawn")
     # A plain queue handed to the workers as they start (no manager process to outlive us).

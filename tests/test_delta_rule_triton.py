@@ -19,7 +19,8 @@ from torch.func import grad_and_value, vmap
 pytest.importorskip("triton")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # else interpreted (conftest.py)
-#: The stack tests' batch: small, as the interpreter runs one program per document and head.
+#: The stack tests' batch and two steps (evaluated after each): small, as the interpreter
+#: runs one program per document and head, its backward most slowly.
 BATCH = 4
 rule_triton = importlib.import_module("mecheval.models.ops.delta_rule_triton")
 
@@ -132,6 +133,6 @@ def test_a_stack_through_the_kernels_equals_one_by_one(
     monkeypatch.setattr(triton_path, "TRITON_DEVICES", (DEVICE,))
     monkeypatch.setenv("MECHEVAL_TRITON", "all")
     data = build_datasets(resolve(config()).task)
-    assert_stack_equals_one_by_one(tmp_path, data, arch, DEVICE, spy, batch_size=BATCH)
+    assert_stack_equals_one_by_one(tmp_path, data, arch, DEVICE, spy, steps=2, batch_size=BATCH)
     batch = BATCH
     assert {batch, 2 * batch} <= set(batches)  # (and the probe's two documents before)

@@ -189,19 +189,21 @@ def test_attention_group_equals_one_by_one(tmp_path: Path, data, spy: StackSpy) 
 
 
 def assert_stack_equals_one_by_one(
-    tmp_path: Path, data, arch: str, device: str, spy: StackSpy, **training
+    tmp_path: Path, data, arch: str, device: str, spy: StackSpy, steps: int = 4, **training
 ) -> None:
-    """Two runs (``training`` overrides both) stacked leave the folders they leave alone."""
+    """Two runs of ``steps`` steps, evaluated twice (``training`` overrides both), stacked
+    leave the folders they leave alone."""
+    every = steps // 2
     cfgs = [
-        config(arch, lr=3e-3, seed=0, steps=4, eval_every=2, device=device, **training),
-        config(arch, lr=1e-2, seed=1, steps=4, eval_every=2, device=device, **training),
+        config(arch, lr=3e-3, seed=0, steps=steps, eval_every=every, device=device, **training),
+        config(arch, lr=1e-2, seed=1, steps=steps, eval_every=every, device=device, **training),
     ]
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         group, _ = run_both(tmp_path, cfgs, data, spy)
     # It trained as a group (a fallback to one-by-one would pass the comparison trivially).
     assert not [w for w in record if "cannot be vmapped" in str(w.message)], arch
-    spy.assert_stacked(4, [2] * 4)
+    spy.assert_stacked(steps, [2] * steps)
     assert [s["state"] for s in group] == ["done", "done"]
     for i in range(2):
         assert_same_run(tmp_path / f"g{i}", tmp_path / f"s{i}")

@@ -15,9 +15,14 @@ from mecheval.errors import ConfigError
 from mecheval.experiments.mechanisms import InterventionPlan, intervene_run
 from mecheval.interventions.patch import record
 from mecheval.models import ModelConfig
-from mecheval.models.known import candidates_by_hand, direct_retrieval_by_hand, induction_by_hand
+from mecheval.models.known import (
+    candidates_by_hand,
+    direct_retrieval_by_hand,
+    induction_by_hand,
+    parity_by_hand,
+)
 from mecheval.tasks import build_datasets, parse_task
-from mecheval.tasks.vocab import N_SPECIAL
+from mecheval.tasks.vocab import BOS, N_SPECIAL
 from mecheval.training import load_run, resolve, train
 from mecheval.training.config import config_from_data
 
@@ -25,14 +30,14 @@ TASK = {"kind": "ar", "n_keys": 8, "n_values": 8, "n_pairs": 4}
 SPLITS = {"n_train": 64, "n_dev": 64, "n_test": 64}
 
 
-def run_folder(tmp_path: Path, layers: list[str], task: dict = TASK, **splits) -> tuple:
+def run_folder(tmp_path: Path, layers: list, task: dict = TASK, **splits) -> tuple:
     """A run folder of ``layers`` (trained one step, for its config and data), and its config."""
     data = {
         "task": {**task, **SPLITS, **splits},
         "model": {"layers": layers, "d_model": 64, "position_embedding": True},
         "training": {"lr": 1e-3, "steps": 1, "eval_every": 1, "batch_size": 16},
     }
-    run_dir = tmp_path / "-".join(layers)
+    run_dir = tmp_path / "-".join(str(i) for i in range(len(layers)))
     train(resolve(config_from_data(data)), run_dir)
     cfg, _ = load_run(run_dir, "cpu")
     return run_dir, cfg
@@ -167,6 +172,63 @@ def test_a_known_model_broken_in_one_place_loses_its_label(tmp_path, layers, lab
     read_ = intervene_run(run_dir, InterventionPlan(split="dev"), loaded=(cfg, model)).label
     assert read_.accuracy is not None and read_.accuracy < 0.5
     assert read_.label != label and not read_.label.startswith(label)
+
+
+PARITY = {"kind": "parity", "max_elements": 16}
+
+
+def _parity_model(tmp_path: Path, arch: str, broken: bool = False) -> tuple:
+    """A run folder of two ``arch`` layers (negative eigenvalues allowed) and the model whose
+    layer 0 carries parity by hand; ``broken`` in one place: Mamba's Δ is 0 at the swap (its
+    transition 1, as the identity's), DeltaNet's key is read from the position before."""
+    layer = {"architecture": arch, "mixer": {"allow_neg_eigval": True}}
+    run_dir, cfg = run_folder(tmp_path, [layer, layer], PARITY, n_dev=320)
+    elements = (int(cfg.task.element_id(0)), int(cfg.task.element_id(1)))
+    states = (int(cfg.task.state_id(0)), int(cfg.task.state_id(1)))
+    model = parity_by_hand(cfg.model, 0, BOS, elements, states).eval()
+    if broken:
+        mixer = model.layers[0].mixer
+        with torch.no_grad():
+            if arch == "mamba":
+                mixer.x_proj.weight[0, elements[1]] = 0.0
+            else:
+                taps = mixer.k_conv.weight[:, 0]
+                taps[:, -1], taps[:, -2] = 0.0, taps[:, -1].clone()
+    return run_dir, cfg, model
+
+
+@pytest.mark.parametrize("arch", ["mamba", "deltanet"])
+def test_a_state_set_to_carry_parity_answers_every_document_and_reads_in_the_state(
+    tmp_path, arch: str
+) -> None:
+    """Parity carried by hand in layer 0's state (a transition of -1 at each swap): every
+    dev document is answered, the state at the query brings the whole answer back, the last
+    layer's input at the changed element none of it."""
+    run_dir, cfg, model = _parity_model(tmp_path, arch)
+    read_ = intervene_run(run_dir, InterventionPlan(split="dev"), loaded=(cfg, model)).label
+    assert read_.accuracy == 1.0 and read_.original > 0.99
+    assert read_.label == "in the state after it" and read_.site == "layers.0.mixer.state"
+    assert read_.recovered["query (state)"] > 0.99 and abs(read_.recovered["key"]) < 0.01
+
+
+@pytest.mark.parametrize("arch", ["mamba", "deltanet"])
+def test_a_parity_model_broken_in_one_place_loses_its_label(tmp_path, arch: str) -> None:
+    """The same model with its state's flip broken in one place answers no better than a
+    guess and reads otherwise."""
+    run_dir, cfg, model = _parity_model(tmp_path, arch, broken=True)
+    read_ = intervene_run(run_dir, InterventionPlan(split="dev"), loaded=(cfg, model)).label
+    assert read_.accuracy is not None and read_.accuracy < 0.7
+    assert read_.label != "in the state after it"
+
+
+def test_a_parity_layer_must_allow_negative_eigenvalues() -> None:
+    for layers, says in (
+        (["mamba", "mamba"], "model.layers[0]: parity_by_hand needs Mamba or DeltaNet with"),
+        (["attention", "mamba"], "model.layers[0]: parity_by_hand needs Mamba or DeltaNet with"),
+    ):
+        cfg = ModelConfig(layers=layers, d_model=64, vocab_size=7, max_len=17)
+        with pytest.raises(ConfigError, match=r"^" + says.replace("[", r"\[")):
+            parity_by_hand(cfg, 0, BOS, (3, 4), (5, 6))
 
 
 @pytest.mark.parametrize("layers", [["attention", "attention"], ["mamba", "attention"]])

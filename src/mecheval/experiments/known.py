@@ -21,7 +21,13 @@ from mecheval.experiments.mechanisms import InterventionPlan, intervene_run
 from mecheval.interventions.attribution import METHODS
 from mecheval.io import atomic_save_safetensors, atomic_write_text
 from mecheval.models.backbone import LanguageModel
-from mecheval.models.known import candidates_by_hand, direct_retrieval_by_hand, induction_by_hand
+from mecheval.models.known import (
+    candidates_by_hand,
+    direct_retrieval_by_hand,
+    induction_by_hand,
+    parity_by_hand,
+)
+from mecheval.tasks.vocab import BOS
 from mecheval.training.config import RunConfig, config_from_data, dump_yaml, resolve
 from mecheval.training.folder import CONFIG_FILE, MODEL_FILE, write_status
 from mecheval.training.presets import check_preset
@@ -30,8 +36,9 @@ from mecheval.training.presets import check_preset
 NAME = "known-mechanisms"
 DESCRIPTION = (
     "Models built by hand to have a known mechanism (induction, direct retrieval in layer 0 "
-    "and later, candidates only, a reassigned value held in a state; attention, DeltaNet and "
-    "Mamba, alone and in hybrids): the label each method reads beside the one built in"
+    "and later, candidates only, a reassigned value held in a state, parity carried in a "
+    "state; attention, DeltaNet and Mamba, alone and in hybrids): the label each method "
+    "reads beside the one built in"
 )
 
 #: AR small enough for three one-hot blocks of d = 64 (vocabulary 19, 11 positions), with
@@ -45,6 +52,8 @@ REASSIGN = {
     "n_changes": 3,
     "query_changes": 2,
 }
+#: Parity of up to 16 elements (17 positions: two one-hot blocks and the positions fit d = 64).
+PARITY = {"kind": "parity", "max_elements": 16}
 SPLITS = {"n_train": 64, "n_dev": 320, "n_test": 64}
 #: The dev documents read per preset where not SPLITS' (tiny: a smoke test of the pipeline).
 DEV_DOCUMENTS = {"tiny": 64}
@@ -61,6 +70,7 @@ class KnownModel:
     label: str
     task: dict[str, Any] | None = None  # AR where None
     positions: bool = False
+    mixer: dict[str, Any] | None = None  # every layer's mixer options, where not the defaults
 
 
 def _induction(copy: int, read: int) -> Callable[[RunConfig], LanguageModel]:
@@ -71,6 +81,16 @@ def _direct(layer: int) -> Callable[[RunConfig], LanguageModel]:
     def build(cfg: RunConfig) -> LanguageModel:
         keys = [int(cfg.task.key_id(i)) for i in range(cfg.task.n_keys)]  # Mamba's columns
         return direct_retrieval_by_hand(cfg.model, layer, keys)
+
+    return build
+
+
+def _parity(layer: int) -> Callable[[RunConfig], LanguageModel]:
+    def build(cfg: RunConfig) -> LanguageModel:
+        task = cfg.task
+        states = (int(task.state_id(0)), int(task.state_id(1)))
+        elements = (int(task.element_id(0)), int(task.element_id(1)))
+        return parity_by_hand(cfg.model, layer, BOS, elements, states)
 
     return build
 
@@ -134,6 +154,22 @@ KNOWN: tuple[KnownModel, ...] = (
         f"direct retrieval in layer 1 (deltanet); {HELD} (layer 1)",
         task=REASSIGN,
     ),
+    KnownModel(
+        "parity-state-mamba",
+        ("mamba",) * 2,
+        _parity(0),
+        "in the state after it",
+        task=PARITY,
+        mixer={"allow_neg_eigval": True},
+    ),
+    KnownModel(
+        "parity-state-deltanet",
+        ("deltanet",) * 2,
+        _parity(0),
+        "in the state after it",
+        task=PARITY,
+        mixer={"allow_neg_eigval": True},
+    ),
 )
 
 
@@ -144,7 +180,7 @@ def known_config(known: KnownModel, preset: str = "quick") -> RunConfig:
     data = {
         "task": {**(known.task or AR), **splits},
         "model": {
-            "layers": list(known.layers),
+            "layers": [{"architecture": name, "mixer": known.mixer or {}} for name in known.layers],
             "d_model": 64,
             "position_embedding": known.positions,
         },

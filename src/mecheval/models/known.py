@@ -22,6 +22,11 @@ reads "direct retrieval, layer 0"; after a pass-through layer "direct retrieval 
 does the same with one state column per key (B: the previous token is that key; C: this
 token is), its state adding instead of replacing (no decay).
 
+``parity_by_hand``: a Mamba or DeltaNet layer with negative eigenvalues allowed carries parity
+in its state, set at <bos>, its sign flipped by every swap (a transition of exactly -1) and
+kept by the identity (exactly 1), and writes it into the even and odd answer tokens. It reads
+"in the state after it": the state at the query brings the answer back.
+
 ``candidates_by_hand``: one one-head attention layer that attends from every position evenly
 to the value tokens before it: at the query every value of the document scores alike, the
 accuracy is the chance of a guess among them, "candidates only (no binding)".
@@ -195,9 +200,140 @@ def _mamba_retrieves(model: LanguageModel, layer: int, vocab: int, keys: list[in
     after the conv's bias cancels what the norm leaves on the other coordinates, times SiLU(1)
     after the SiLU. B_n = 1 where the previous token is key n, C_n = 1 where this token is;
     Δ = 1 and A ≈ 0 (no decay), D = 0; the gate z is SiLU's 1 at every position."""
+    mixer = model.layers[layer].mixer
+    _check_mamba_by_hand(mixer, layer, vocab, keys)
+    t = torch.arange(vocab)
+    x_one = _mamba_one_hot(model, layer, vocab)
+    n, rank, state = torch.arange(len(keys)), mixer.dt_rank, mixer.d_state
+    key_ids = torch.tensor(keys)
+    mixer.x_proj.weight.zero_()
+    mixer.x_proj.weight[rank + n, vocab + key_ids] = 1.0 / x_one  # B: previous token
+    mixer.x_proj.weight[rank + state + n, key_ids] = 1.0 / x_one  # C: this token
+    mixer.dt_proj.weight.zero_()
+    mixer.dt_proj.bias.fill_(_DELTA_ONE)
+    mixer.A_log.fill_(-30.0)  # A = -exp(-30): exp(Δ A) is 1 in float32
+    mixer.D.zero_()
+    mixer.out_proj.weight.zero_()
+    mixer.out_proj.weight[t, t] = READ_GAIN * EMBED / x_one
+
+
+#: The Mamba parity layer's A = -PARITY_DECAY: exp(Δ A) at Δ = 1 is 0 in float32, so the
+#: transition 2 exp(Δ A) - 1 is exactly -1; at Δ = softplus(PARITY_REST) (about 4e-18) it
+#: is exactly 1.
+PARITY_DECAY = 200.0
+PARITY_REST = -40.0
+
+
+def parity_by_hand(
+    config: ModelConfig, layer: int, bos: int, elements: tuple[int, int], states: tuple[int, int]
+) -> LanguageModel:
+    """A model of ``config`` whose layer ``layer`` (Mamba or DeltaNet, ``allow_neg_eigval``
+    on) carries parity in its state: set after ``bos``, its sign flipped by every swap of the
+    ``elements`` (identity, swap) (a transition of -1) and kept by the identity, read at every
+    position and written as +/- READ_GAIN times over into the ``states`` (even, odd) tokens.
+    Mamba's state is one column of one channel; DeltaNet's is S = v k^T along one key, which
+    the swap reflects (β = 2: I - 2 k k^T) and the identity leaves (β = 0). Every other
+    layer is passed through."""
+    vocab = _layout(config)[0]
+    if not 0 <= layer < config.n_layers:
+        raise ConfigError(f"parity_by_hand: need 0 <= layer < {config.n_layers}")
+    with torch.no_grad():
+        model = _blank(config, (layer,))
+        mixer = model.layers[layer].mixer
+        if not (isinstance(mixer, Mamba | DeltaNet) and mixer.options.allow_neg_eigval):
+            raise ConfigError(
+                f"model.layers[{layer}]: parity_by_hand needs Mamba or DeltaNet with "
+                "allow_neg_eigval"
+            )
+        swap = elements[1]
+        if isinstance(mixer, DeltaNet):
+            _deltanet_parity(model, layer, (bos, *elements), states)
+            return model
+        _check_mamba_by_hand(mixer, layer, vocab, [bos])
+        x_one = _mamba_one_hot(model, layer, vocab)
+        rank, state = mixer.dt_rank, mixer.d_state
+        mixer.x_proj.weight.zero_()
+        # Δ = 1 at <bos> and at the swap, about 0 at every other token.
+        mixer.x_proj.weight[0, [bos, swap]] = 1.0 / x_one
+        mixer.dt_proj.weight.zero_()
+        mixer.dt_proj.weight[:, 0] = _DELTA_ONE - PARITY_REST
+        mixer.dt_proj.bias.fill_(PARITY_REST)
+        mixer.A_log.fill_(math.log(PARITY_DECAY))
+        # <bos>'s channel writes 1 (Δ B x = 1) into state column 0, which C reads everywhere.
+        mixer.x_proj.weight[rank, bos] = 1.0 / x_one**2
+        mixer.x_proj.weight[rank + state, :vocab] = 1.0 / x_one
+        mixer.D.zero_()
+        mixer.out_proj.weight.zero_()
+        mixer.out_proj.weight[states[0], bos] = READ_GAIN * EMBED
+        mixer.out_proj.weight[states[1], bos] = -READ_GAIN * EMBED
+    return model
+
+
+def _token_weights(model: LanguageModel, layer: int, targets: dict[int, float]) -> torch.Tensor:
+    """A row of weights over the token block whose dot product with the layer's normed input
+    is ``targets[token]`` at each of those tokens (every position's normed residual is the
+    same but for which token is hot: a small linear system)."""
+    residual = model.embedding.weight[0].clone()
+    if model.position is not None:
+        residual += model.position.weight[0]
+    normed = model.layers[layer].mixer_norm(residual).double()
+    hot, cold = float(normed[0]), float(normed[1])
+    tokens = list(targets)
+    system = torch.full((len(tokens), len(tokens)), cold, dtype=torch.float64)
+    system.fill_diagonal_(hot)
+    wanted = torch.tensor([targets[t] for t in tokens], dtype=torch.float64)
+    row = torch.zeros(model.embedding.weight.shape[1], dtype=torch.float64)
+    row[tokens] = torch.linalg.solve(system, wanted)
+    return row.float()
+
+
+#: DeltaNet's parity: the pre-activations that open a projection (SiLU(4) is about 4) and that
+#: close one or saturate a sigmoid (SiLU(-40) and sigmoid(-40) are about 4e-18).
+OPEN, SHUT = 4.0, -40.0
+
+
+def _deltanet_parity(
+    model: LanguageModel, layer: int, tokens: tuple[int, int, int], states: tuple[int, int]
+) -> None:
+    """DeltaNet's weights for :func:`parity_by_hand`: q, k and v along the first coordinate
+    of the first head (q and k L2-normalised: e_0 at <bos> and at the swap), v open at <bos>
+    and shut at the swap; β = 2 sigmoid(b) is 1 at <bos> (S = v e_0^T), 2 at the swap (S
+    reflected: S e_0 changes sign) and 0 at the identity."""
+    bos, identity, swap = tokens
+    mixer = model.layers[layer].mixer
+    if mixer.o_norm is None:
+        raise ConfigError(f"model.layers[{layer}]: parity_by_hand needs DeltaNet's output norm")
+    rows = {
+        mixer.q_proj: dict.fromkeys(tokens, OPEN),
+        mixer.k_proj: {bos: OPEN, swap: OPEN},
+        mixer.v_proj: {bos: OPEN, swap: SHUT},
+    }
+    for proj, targets in rows.items():
+        proj.weight.zero_()
+        proj.weight[0] = _token_weights(model, layer, targets)
+    for conv in (mixer.q_conv, mixer.k_conv, mixer.v_conv):
+        if isinstance(conv, nn.Identity):  # no short convs
+            continue
+        conv.weight.zero_()
+        conv.weight[:, 0, conv.kernel_size - 1] = 1.0  # this position only
+        if conv.bias is not None:
+            conv.bias.zero_()
+    mixer.b_proj.weight.zero_()
+    mixer.b_proj.weight[:] = _token_weights(model, layer, {bos: 0.0, swap: -SHUT, identity: SHUT})
+    # o = S q = ±|v| e_0 / sqrt(d_head); the head's RMSNorm makes it ±sqrt(d_head) e_0.
+    gain = READ_GAIN * EMBED / mixer.head_dim**0.5
+    mixer.o_proj.weight.zero_()
+    mixer.o_proj.weight[states[0], 0] = gain
+    mixer.o_proj.weight[states[1], 0] = -gain
+
+
+def _mamba_one_hot(model: LanguageModel, layer: int, vocab: int) -> float:
+    """Sets Mamba layer ``layer``'s in_proj and conv so that its channels x are one-hot:
+    [0, vocab) this token, [vocab, 2 vocab) the previous one (the conv's taps), each exactly
+    SiLU(1) where hot and 0 elsewhere after the conv's bias cancels what the norm leaves on
+    the other coordinates; and its gate z SiLU's 1 at every position. Returns SiLU(1)."""
     block = model.layers[layer]
     mixer = block.mixer
-    _check_mamba_by_hand(mixer, layer, vocab, keys)
     # What the layer's norm makes of a position's residual (the same at every position: one
     # one-hot token, and position, of the same size): its token's coordinate and another's.
     residual = model.embedding.weight[0].clone()
@@ -217,21 +353,10 @@ def _mamba_retrieves(model: LanguageModel, layer: int, vocab: int, keys: list[in
     conv.weight[vocab + t, 0, conv.kernel_size - 2] = 1.0
     conv.bias.zero_()
     conv.bias[: 2 * vocab] = -cold * scale
-    x_one = F.silu(torch.tensor(1.0)).item()
-    n, rank, state = torch.arange(len(keys)), mixer.dt_rank, mixer.d_state
-    key_ids = torch.tensor(keys)
-    mixer.x_proj.weight.zero_()
-    mixer.x_proj.weight[rank + n, vocab + key_ids] = 1.0 / x_one  # B: previous token
-    mixer.x_proj.weight[rank + state + n, key_ids] = 1.0 / x_one  # C: this token
-    mixer.dt_proj.weight.zero_()
-    mixer.dt_proj.bias.fill_(_DELTA_ONE)
-    mixer.A_log.fill_(-30.0)  # A = -exp(-30): exp(Δ A) is 1 in float32
-    mixer.D.zero_()
-    mixer.out_proj.weight.zero_()
-    mixer.out_proj.weight[t, t] = READ_GAIN * EMBED / x_one
     for projection in (mixer.in_proj, mixer.out_proj):  # biases where options.bias has them
         if projection.bias is not None:
             projection.bias.zero_()
+    return F.silu(torch.tensor(1.0)).item()
 
 
 def _check_mamba_by_hand(mixer: Mamba, layer: int, vocab: int, keys: list[int]) -> None:

@@ -231,10 +231,13 @@ def test_a_parity_layer_must_allow_negative_eigenvalues() -> None:
             parity_by_hand(cfg, 0, BOS, (3, 4), (5, 6))
 
 
-@pytest.mark.parametrize("layers", [["attention", "attention"], ["mamba", "attention"]])
-def test_attention_to_every_value_alike_reads_candidates_only(tmp_path, layers) -> None:
-    """The query's distribution is even over the document's values (checked on the logits),
-    so its accuracy is the chance of a guess among them: the label needs no restore."""
+@pytest.mark.parametrize(
+    "layers", [["attention", "attention"], ["mamba", "attention"], ["attention", "baseconv"]]
+)
+def test_every_value_alike_reads_candidates_only(tmp_path, layers) -> None:
+    """Attention to every value alike, or a long convolution that counts the values seen:
+    the query's distribution is even over the document's values (checked on the logits), so
+    its accuracy is the chance of a guess among them: the label needs no restore."""
     run_dir, cfg = run_folder(tmp_path, layers, n_dev=320)
     model = candidates_by_hand(cfg.model, 1, int(cfg.task.value_id(0))).eval()
     batch = build_datasets(parse_task({**TASK, **SPLITS}))["test"].batch(torch.arange(64))
@@ -324,3 +327,9 @@ def test_reproduce_known_mechanisms_refuses_sweep_options_before_writing(
     )  # fmt: skip
     assert code == 2 and "--preset: unknown 'huge'" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_candidates_convolution_must_be_baseconvs_long_one() -> None:
+    cfg = ModelConfig(layers=["baseconv", "attention"], d_model=64, vocab_size=19, max_len=11)
+    with pytest.raises(ConfigError, match=r"^model\.layers\[0\]: candidates_by_hand needs Base"):
+        candidates_by_hand(cfg, 0, 11)

@@ -37,8 +37,8 @@ NAME = "known-mechanisms"
 DESCRIPTION = (
     "Models built by hand to have a known mechanism (induction, direct retrieval in layer 0 "
     "and later, candidates only, a reassigned value held in a state, parity carried in a "
-    "state; attention, DeltaNet and Mamba, alone and in hybrids): the label each method "
-    "reads beside the one built in"
+    "state; attention, DeltaNet, Mamba and BaseConv, alone and in hybrids): the label each "
+    "method reads beside the one built in"
 )
 
 #: AR small enough for three one-hot blocks of d = 64 (vocabulary 19, 11 positions), with
@@ -139,6 +139,12 @@ KNOWN: tuple[KnownModel, ...] = (
     ),
     KnownModel(
         "candidates-only", ("attention",) * 2, _candidates(1), "candidates only (no binding)"
+    ),
+    KnownModel(
+        "candidates-only-baseconv",
+        ("attention", "baseconv"),
+        _candidates(1),
+        "candidates only (no binding)",
     ),
     KnownModel(
         "reassign-held-layer-0",

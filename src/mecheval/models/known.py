@@ -28,8 +28,9 @@ kept by the identity (exactly 1), and writes it into the even and odd answer tok
 "in the state after it": the state at the query brings the answer back.
 
 ``candidates_by_hand``: one one-head attention layer that attends from every position evenly
-to the value tokens before it: at the query every value of the document scores alike, the
-accuracy is the chance of a guess among them, "candidates only (no binding)".
+to the value tokens before it, or a BaseConv long convolution that counts each value seen so
+far: at the query every value of the document scores alike, the accuracy is the chance of a
+guess among them, "candidates only (no binding)".
 
 Layer norms are the reason for the scales: every position's residual holds the same number
 of one-hot coordinates of the same size, so a block's norm maps every position alike, and
@@ -49,7 +50,9 @@ from mecheval.errors import ConfigError
 from mecheval.models.backbone import LanguageModel
 from mecheval.models.config import ModelConfig
 from mecheval.models.mixers.attention import Attention
+from mecheval.models.mixers.baseconv import BaseConv
 from mecheval.models.mixers.deltanet import DeltaNet
+from mecheval.models.mixers.long_conv import ImplicitLongConv
 from mecheval.models.mixers.mamba import Mamba
 
 #: The size of every one-hot coordinate the embedding writes.
@@ -379,13 +382,18 @@ def candidates_by_hand(config: ModelConfig, layer: int, first_value: int) -> Lan
     (one-head attention) attends from every position evenly to the value tokens before it
     and writes their tokens into the token block: at the query every value of the document
     scores alike, whichever the key. It has learned "answer with a value from the context"
-    and no binding: the protocol's "candidates only (no binding)". Every other layer is
-    passed through."""
+    and no binding: the protocol's "candidates only (no binding)". A BaseConv layer with its
+    long convolution does the same with a kernel of ones (each channel sums its token's
+    occurrences so far) gated by a projection that opens the value channels alone. Every
+    other layer is passed through."""
     vocab, _, d = _layout(config)
     if not 0 <= layer < config.n_layers:
         raise ConfigError(f"candidates_by_hand: need 0 <= layer < {config.n_layers}")
     with torch.no_grad():
         model = _blank(config, (layer,))
+        if isinstance(model.layers[layer].mixer, BaseConv):
+            _baseconv_counts_values(model, layer, first_value, vocab)
+            return model
         attention = _one_head_attention(model, layer)
         q, k, v = attention.qkv.weight.zero_().view(3, d, d)
         t = torch.arange(vocab)
@@ -397,6 +405,31 @@ def candidates_by_hand(config: ModelConfig, layer: int, first_value: int) -> Lan
         attention.out_proj.bias.zero_()
         attention.out_proj.weight[t, t] = READ_GAIN
     return model
+
+
+#: The BaseConv candidates layer's gate on the value channels: its count of a value seen once
+#: (about 6.5 at AR's quick lengths) times this outweighs the query key's own coordinate.
+COUNT_GAIN = 4.0
+
+
+def _baseconv_counts_values(model: LanguageModel, layer: int, first_value: int, vocab: int) -> None:
+    """BaseConv's weights for :func:`candidates_by_hand`: y = conv(u) * projection(u) + u with
+    the long convolution's kernel 1 at every lag (its filter's last Linear: weight 0, bias 1),
+    so that channel c sums the normed inputs so far (a value seen raises its channel by the
+    gap between a hot and a cold coordinate), and the projection a constant COUNT_GAIN on
+    the value channels, 0 elsewhere."""
+    mixer = model.layers[layer].mixer
+    if not isinstance(mixer.conv, ImplicitLongConv) or mixer.use_act:
+        raise ConfigError(
+            f"model.layers[{layer}]: candidates_by_hand needs BaseConv's long convolution "
+            "(kernel_size -1) without use_act"
+        )
+    last = mixer.conv.filter.mlp[-1]
+    last.weight.zero_()
+    last.bias.fill_(1.0)
+    mixer.projection.weight.zero_()
+    mixer.projection.bias.zero_()
+    mixer.projection.bias[first_value:vocab] = COUNT_GAIN
 
 
 def _copy_previous(attention: Attention, vocab: int, length: int, d: int) -> None:

@@ -6,6 +6,7 @@ gradients refused in one line."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -61,9 +62,12 @@ def pair(model):
     return original, corrupted
 
 
-def patched_readout(model, corrupted, site, dst, value, readout):
+def patched_readout(model, corrupted, site, dst, value, readout, answer=None):
+    """The readout of ``answer`` (the corrupted documents' own where None) with ``site``
+    patched at ``dst``."""
+    answer = corrupted.answer if answer is None else answer
     with torch.no_grad(), patch(model, site, dst, value):
-        return readout(model(corrupted.tokens, at=corrupted.query), corrupted.answer)
+        return readout(model(corrupted.tokens, at=corrupted.query), answer)
 
 
 def state_readout(model, layer, original, corrupted, role, mix, readout):
@@ -130,6 +134,40 @@ def test_the_estimate_is_the_derivative_of_the_patched_forward_at_every_module_s
             torch.testing.assert_close(change, slope, rtol=1e-5, atol=1e-9)
             checked += int((slope.abs() > 1e-9).sum())
     assert checked > 20  # the check saw real slopes, not zeros alone
+
+
+def test_the_estimate_differentiates_the_original_answer_where_the_corruption_changes_it():
+    """A counterfactual whose answer differs: the estimate's base is the corrupted run's
+    likelihood of the original's answer, as the exact engine scores it, and each cell moves
+    from there as that likelihood does (not the corrupted answer's)."""
+    model = model_for("attention")
+    original, corrupted = pair(model)
+    moved = dataclasses.replace(corrupted, answer=original.answer.roll(1))
+    assert not torch.equal(moved.answer, original.answer)
+    site = layer_site(1, "input")
+    estimates = estimate_cells(model, original, moved, [site], ROLES, [0.0])
+    with torch.no_grad():
+        logits = model(moved.tokens, at=moved.query)
+    torch.testing.assert_close(estimates.base, answer_probability(logits, original.answer))
+    with torch.no_grad(), record(model, [site]) as runs:
+        model(original.tokens, at=original.query)
+        a_orig = runs[site]
+        model(moved.tokens, at=moved.query)
+        a_corr = runs[site]
+    docs, eps = torch.arange(len(original)), 1e-5
+    for role in ROLES:
+        dst = moved.roles[role]
+        diff = a_orig[docs, original.roles[role]] - a_corr[docs, dst]
+        ends = [
+            patched_readout(
+                model, moved, site, dst, a_corr[docs, dst] + e * diff, answer_probability,
+                original.answer,
+            )
+            for e in (eps, -eps)
+        ]  # fmt: skip
+        slope = (ends[0] - ends[1]) / (2 * eps)
+        change = estimates.cells[(site, role)] - estimates.base
+        torch.testing.assert_close(change, slope, rtol=1e-5, atol=1e-9)
 
 
 @pytest.mark.parametrize("arch", WITH_STATES)

@@ -9,7 +9,9 @@ there, and ``g`` the gradient of the readout with respect to that activation,
     restored(site, role) ~ readout(corrupted) + (a' - a) . g
 
 per document. The readout is p(answer) at the query, the likelihood the mechanism labels
-read. One backward pass gives ``g`` at every site and position at once.
+read, of the original document's answer (as the exact engine scores every row, whether or
+not the counterfactual changes the answer). One backward pass gives ``g`` at every site and
+position at once.
 
 Methods (:data:`METHODS`):
 
@@ -128,8 +130,9 @@ def estimate_cells(
         (layer, role): 0.0 for layer in state_layers for role in roles
     }
     corrupted_run = None
+    answer = original.answer
     for alpha in points:
-        run = _gradient_run(model, corrupted, module_sites, inputs, alpha * delta, readout)
+        run = _gradient_run(model, corrupted, answer, module_sites, inputs, alpha * delta, readout)
         if alpha == 0.0:
             corrupted_run = run
         for site in module_sites:
@@ -137,12 +140,14 @@ def estimate_cells(
         prefix = prefix_cache(model, run.inputs)
         states = {layer: prefix.block_prefix(model, layer) for layer in set(state_layers)}
         for layer, role in state_grads:
-            g = _state_gradient(model, layer, prefix, states[layer], corrupted, role, readout)
+            g = _state_gradient(
+                model, layer, prefix, states[layer], (corrupted, answer), role, readout
+            )
             state_grads[(layer, role)] += _flat(g) / len(points)
     if corrupted_run is None:  # integrated gradients: the corrupted run itself is not on the path
         corrupted_run = _plain_run(model, corrupted, module_sites, inputs)
 
-    base = readout(corrupted_run.logits.double(), corrupted.answer)
+    base = readout(corrupted_run.logits.double(), answer)
     docs = torch.arange(len(original), device=base.device)
     cells: dict[tuple[str, str], torch.Tensor] = {}
     for site in sites:
@@ -172,13 +177,14 @@ def _flat(states: torch.Tensor | tuple) -> torch.Tensor:
 def _gradient_run(
     model: LanguageModel,
     corrupted: Batch,
+    answer: torch.Tensor,
     sites: Sequence[str],
     inputs: Sequence[str],
     shift: torch.Tensor | None,
     readout: Readout,
 ) -> _Run:
     """The corrupted documents' forward with ``shift`` added to their input embeddings, and
-    the gradient of the summed readout at every site of ``sites``."""
+    the gradient of the summed readout of ``answer`` at every site of ``sites``."""
     with torch.enable_grad(), _kept(model, sites) as acts, record(model, inputs) as block_inputs:
         x = model.embed(corrupted.tokens)
         if shift is not None:
@@ -186,7 +192,7 @@ def _gradient_run(
         for layer in model.layers:
             x = layer(x)
         logits = model.head(x, corrupted.query)
-        total = readout(logits, corrupted.answer).sum()
+        total = readout(logits, answer).sum()
         missing = [site for site in sites if site not in acts]
         if missing:
             raise ValueError(f"sites: {missing[0]} is not reached by the model's forward")
@@ -261,15 +267,17 @@ def _state_gradient(
     layer: int,
     prefix: PrefixCache,
     states: Prefix,
-    corrupted: Batch,
+    scored: tuple[Batch, torch.Tensor],
     role: str,
     readout: Readout,
 ) -> tuple[torch.Tensor, ...]:
     """The readout's gradient with respect to block ``layer``'s recurrent state after each
     document's ``role`` position, in the run ``prefix`` holds (``states``: its block's
     prefix, ``PrefixCache.block_prefix``; a part per state tensor, [N, ...] each; zero where
-    the position lies after the query)."""
+    the position lies after the query; ``scored``: the corrupted documents and the answer
+    whose readout is differentiated)."""
     block = model.layers[layer]
+    corrupted, answer = scored
     dst, at = corrupted.roles[role], corrupted.query
     docs = torch.arange(len(dst), device=dst.device)
     out = tuple(torch.zeros_like(part) for part in _parts(states.after(docs, dst)))
@@ -283,7 +291,7 @@ def _state_gradient(
             state = parts if isinstance(states.states, tuple) else parts[0]
             x = block.forward_from(window, start - lo, state, replace=True)
             logits = run_from(model, prefix, layer + 1, rows, start, x, at[rows])
-            total = readout(logits, corrupted.answer[rows]).sum()
+            total = readout(logits, answer[rows]).sum()
             names = [layer_site(layer, "mixer.state")] * len(parts)
             found = _gradients(total, parts, names, state_parts=True)
         for whole, g in zip(out, found, strict=True):

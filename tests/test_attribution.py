@@ -534,3 +534,56 @@ def test_the_summary_counts_agreement_where_a_restore_decides_the_label() -> Non
     lines = summary_lines(records)
     assert lines[-1].endswith("attribution 1 of 2; integrated-gradients 1 of 2.")
     assert "| a | induction | induction (same), r 0.90 | unclear (differs), r 0.80 |" in lines
+
+
+def _with_documents(original: list[float], corrupted: list[float]):
+    """A one-cell exact result whose per-document original and corrupted likelihoods are
+    the ones given."""
+    import pandas as pd
+
+    from mecheval.interventions.result import InterchangeResult
+
+    truth = result_with(
+        {("a", "key"): 0.5}, sum(original) / len(original), sum(corrupted) / len(corrupted)
+    )
+    rows = pd.DataFrame(
+        {
+            "doc": range(len(original)),
+            "site": "a",
+            "role": "key",
+            "restored": 0.5,
+            "original": original,
+            "corrupted": corrupted,
+        }
+    )
+    return InterchangeResult(truth.table, rows)
+
+
+def test_a_corruption_inside_its_noise_leaves_nothing_to_grade() -> None:
+    """Where the mean original - corrupted likelihood has a 95 % interval over the documents
+    that holds 0, the grade says so (and the summary does not count it); a clear effect is
+    graded."""
+    import pandas as pd
+
+    from mecheval.cli.intervene import grade_text
+    from mecheval.interventions import grade
+    from mecheval.report.grading import grading_markdown, summary_lines
+
+    noise = [0.02 * ((-1) ** i) * (1 + i % 3) for i in range(40)]
+    flat = _with_documents([0.5 + n for n in noise], [0.5 - n for n in noise])
+    clear = _with_documents([0.9 + n for n in noise], [0.1 - n for n in noise])
+    estimate = result_with({("a", "key"): 0.4})
+    still = grade("attribution", flat, estimate, "unclear", "unclear")
+    moved = grade("attribution", clear, estimate, "induction", "unclear")
+    assert still.effect_low <= 0.0 <= still.effect_high and not still.gradable
+    assert 0.7 < moved.effect_low <= moved.effect <= moved.effect_high < 0.9 and moved.gradable
+    record = {**dataclasses.asdict(still), "agrees": still.agrees, "gradable": still.gradable,
+              "seconds": 1.0, "exact_seconds": 2.0}  # fmt: skip
+    assert "nothing to grade: the corruption moves the answer's likelihood by" in grade_text(record)
+    assert "Pearson" not in grade_text(record)
+    moved_record = {**record, **dataclasses.asdict(moved), "gradable": True, "agrees": False}
+    assert "Pearson r" in grade_text(moved_record)
+    records = pd.DataFrame([{**record, "run": "a"}, {**moved_record, "run": "b"}])
+    table = grading_markdown(records)
+    assert "| a | attribution | unclear | unclear | nothing to grade | - |" in table
+    assert summary_lines(records)[-1].endswith("attribution 0 of 1 (1 with nothing to grade).")

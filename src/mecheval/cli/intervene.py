@@ -188,12 +188,21 @@ def grade_text(record: dict) -> str:
     )
     agree = {True: "agree", False: "differ", None: "not both read"}[record["agrees"]]
     speed = record["exact_seconds"] / record["seconds"] if record["seconds"] else float("nan")
+    graded = (
+        f"graded over {record['cells']} cells: Pearson r {record['pearson']:.3f}, "
+        f"Spearman rho {record['spearman']:.3f}, {recall}, mean |error| "
+        f"{100 * record['error']:.1f} points"
+    )
+    if not record.get("gradable", True):
+        graded = (
+            f"nothing to grade: the corruption moves the answer's likelihood by "
+            f"{100 * record['effect']:.1f} points [{100 * record['effect_low']:.1f}, "
+            f"{100 * record['effect_high']:.1f}] (95 % over the documents), inside its noise"
+        )
     return (
         f"mechanism ({record['method']}): {record['label']}\n"
         f"mechanism (exact): {record['exact_label']}  -> labels {agree}\n"
-        f"graded over {record['cells']} cells: Pearson r {record['pearson']:.3f}, "
-        f"Spearman rho {record['spearman']:.3f}, {recall}, mean |error| "
-        f"{100 * record['error']:.1f} points\n"
+        f"{graded}\n"
         f"time: {record['seconds']:.2f} s against the exact engine's "
         f"{record['exact_seconds']:.2f} s ({speed:.1f}x)"
     )

@@ -212,6 +212,7 @@ def grade_methods(
         record = {
             **asdict(found),
             "agrees": found.agrees,
+            "gradable": found.gradable,
             "steps": plan.steps if method == "integrated-gradients" else None,
             "seconds": seconds,
             "exact_seconds": exact_seconds,

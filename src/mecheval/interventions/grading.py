@@ -9,7 +9,11 @@ Over every (site, role) cell's restored likelihood (the mean over documents):
   that are among the estimate's ``k`` highest; NaN where no cell matters;
 - ``error``: the mean absolute difference, in likelihood;
 - the two mechanism labels, read the same way from each table (the caller's), and whether
-  they agree.
+  they agree;
+- ``effect``: what the corruption moves, the mean original minus corrupted likelihood over
+  the documents, with its 95 % bootstrap interval (interventions/intervals.py). Where that
+  interval holds 0 the corruption's effect is inside its noise and there is nothing to
+  grade (:attr:`Grade.gradable`): the restores are noise too.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from mecheval.interventions.intervals import BOOTSTRAP, Bootstrap
 from mecheval.interventions.labels import Thresholds
 from mecheval.interventions.result import InterchangeResult
 
@@ -34,6 +39,15 @@ class Grade:
     error: float
     exact_label: str | None
     label: str | None
+    effect: float = math.nan
+    effect_low: float = math.nan
+    effect_high: float = math.nan
+
+    @property
+    def gradable(self) -> bool:
+        """Whether the corruption's effect is outside its noise (its interval excludes 0; an
+        effect without documents to bound it counts as gradable)."""
+        return not self.effect_low <= 0.0 <= self.effect_high
 
     @property
     def agrees(self) -> bool | None:
@@ -83,7 +97,22 @@ def grade(
         error=float((truth - guess).abs().mean()) if len(truth) else math.nan,
         exact_label=exact_label,
         label=label,
+        effect=gap,
+        **dict(zip(("effect_low", "effect_high"), effect_interval(exact), strict=True)),
     )
+
+
+def effect_interval(
+    exact: InterchangeResult, bootstrap: Bootstrap = BOOTSTRAP
+) -> tuple[float, float]:
+    """The interval of the mean original minus corrupted likelihood over the documents of
+    ``exact``'s per-example rows (each cell's rows carry the same two; NaN without rows)."""
+    rows = exact.per_example
+    if rows.empty:
+        return math.nan, math.nan
+    first = rows[(rows.site == rows.site.iloc[0]) & (rows.role == rows.role.iloc[0])]
+    change = (first.original - first.corrupted).to_numpy(dtype=float)
+    return bootstrap.bounds(change[bootstrap.draws(len(change))].mean(axis=1))
 
 
 def _correlation(a: pd.Series, b: pd.Series, method: str) -> float:

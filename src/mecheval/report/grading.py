@@ -32,6 +32,13 @@ def _agrees(value: object) -> str:
     return {True: "yes", False: "no"}.get(value, "-")  # type: ignore[arg-type]
 
 
+def _gradable(record: dict) -> bool:
+    """A record's ``gradable``; a record without it (or with it empty) counts as gradable."""
+    value = record.get("gradable", True)
+    missing = value is None or (isinstance(value, float) and math.isnan(value))
+    return True if missing else bool(value)
+
+
 def ordered(records: pd.DataFrame) -> pd.DataFrame:
     """The records by architecture (the registry's order), then run and estimator."""
     return records.sort_values(
@@ -58,17 +65,22 @@ def grading_markdown(records: pd.DataFrame) -> str:
     rows = []
     for record in records.itertuples(index=False):
         k = int(record.k)
+        graded = [
+            _agrees(record.agrees),
+            _number(record.pearson),
+            _number(record.spearman),
+            f"{_number(record.recall)} ({k})",
+            _number(100 * record.error, 1),
+        ]
+        if not _gradable(record._asdict()):
+            graded = ["nothing to grade", "-", "-", "-", "-"]
         rows.append(
             [
                 record.run,
                 record.method,
                 record.exact_label or "-",
                 record.label or "-",
-                _agrees(record.agrees),
-                _number(record.pearson),
-                _number(record.spearman),
-                f"{_number(record.recall)} ({k})",
-                _number(100 * record.error, 1),
+                *graded,
                 _number(record.seconds),
                 _number(record.exact_seconds),
             ]
@@ -77,7 +89,8 @@ def grading_markdown(records: pd.DataFrame) -> str:
     note = (
         "Over the restored likelihood of every site x role cell; top-k recall: of the k cells "
         "that recover at least half the corruption's range exactly, those among the "
-        "estimate's k highest."
+        "estimate's k highest; nothing to grade: the corruption's effect on the answer's "
+        "likelihood is inside its 95 % interval over the documents."
     )
     lines = [title, "", note, "", *md_table(header, rows), "", *summary_lines(records)]
     return "\n".join(lines)
@@ -101,15 +114,24 @@ def summary_lines(records: pd.DataFrame) -> list[str]:
                 cells.append("-")
                 continue
             record = by_method.loc[method]
+            if not _gradable(record.to_dict()):
+                cells.append(f"{record['label'] or '-'}, nothing to grade")
+                continue
             mark = {"yes": "(same)", "no": "(differs)", "-": ""}[_agrees(record["agrees"])]
             cells.append(f"{record['label'] or '-'} {mark}, r {_number(record['pearson'])}")
         rows.append(cells)
-    decided = records[records["exact_label"].isin(RESTORE_LABELS)]
+    marks = [_gradable(record) for record in records.to_dict("records")]
+    gradable = pd.Series(marks, index=records.index, dtype=bool)
+    restored = records["exact_label"].isin(RESTORE_LABELS)
+    decided = records[restored & gradable]
     counts = []
     for method in methods:
         mine = decided[decided["method"] == method]
         same = int(sum(_agrees(a) == "yes" for a in mine["agrees"]))
-        counts.append(f"{method} {same} of {len(mine)}")
+        left = int((restored & ~gradable & (records["method"] == method)).sum())
+        counts.append(
+            f"{method} {same} of {len(mine)}" + (f" ({left} with nothing to grade)" if left else "")
+        )
     return [
         "Per run, each estimate's label and its Pearson r with the exact table:",
         "",

@@ -120,6 +120,24 @@ def _blank(config: ModelConfig, keep: tuple[int, ...]) -> LanguageModel:
     return model
 
 
+def _one_layer(config: ModelConfig, layer: int, builder: str) -> tuple[LanguageModel, int]:
+    """:func:`_blank` keeping ``layer`` alone (checked to exist), and the vocabulary size."""
+    vocab = _layout(config)[0]
+    if not 0 <= layer < config.n_layers:
+        raise ConfigError(f"{builder}: need 0 <= layer < {config.n_layers}")
+    return _blank(config, (layer,)), vocab
+
+
+def _normed_token(model: LanguageModel, layer: int) -> torch.Tensor:
+    """What layer ``layer``'s norm makes of a position's residual: the same at every position
+    (one one-hot token, and position, of the same size) but for which coordinate is hot, so
+    its coordinate 0 is a hot one's value and coordinate 1 a cold one's."""
+    residual = model.embedding.weight[0].clone()
+    if model.position is not None:
+        residual += model.position.weight[0]
+    return model.layers[layer].mixer_norm(residual)
+
+
 def induction_by_hand(config: ModelConfig, copy: int, read: int) -> LanguageModel:
     """A model of ``config`` (its ``layers``, learned positions on) whose layer ``copy``
     writes each position's previous token and whose layer ``read`` retrieves the value after
@@ -154,11 +172,8 @@ def direct_retrieval_by_hand(
     token when the previous token is that key, and which the query reads through C. Either
     writes the value's token into the token block READ_GAIN times over. Every other layer is
     passed through."""
-    vocab = _layout(config)[0]
-    if not 0 <= layer < config.n_layers:
-        raise ConfigError(f"direct_retrieval_by_hand: need 0 <= layer < {config.n_layers}")
     with torch.no_grad():
-        model = _blank(config, (layer,))
+        model, vocab = _one_layer(config, layer, "direct_retrieval_by_hand")
         mixer = model.layers[layer].mixer
         if isinstance(mixer, Mamba):
             _mamba_retrieves(model, layer, vocab, list(keys))
@@ -237,11 +252,8 @@ def parity_by_hand(
     Mamba's state is one column of one channel; DeltaNet's is S = v k^T along one key, which
     the swap reflects (β = 2: I - 2 k k^T) and the identity leaves (β = 0). Every other
     layer is passed through."""
-    vocab = _layout(config)[0]
-    if not 0 <= layer < config.n_layers:
-        raise ConfigError(f"parity_by_hand: need 0 <= layer < {config.n_layers}")
     with torch.no_grad():
-        model = _blank(config, (layer,))
+        model, vocab = _one_layer(config, layer, "parity_by_hand")
         mixer = model.layers[layer].mixer
         if not (isinstance(mixer, Mamba | DeltaNet) and mixer.options.allow_neg_eigval):
             raise ConfigError(
@@ -276,10 +288,7 @@ def _token_weights(model: LanguageModel, layer: int, targets: dict[int, float]) 
     """A row of weights over the token block whose dot product with the layer's normed input
     is ``targets[token]`` at each of those tokens (every position's normed residual is the
     same but for which token is hot: a small linear system)."""
-    residual = model.embedding.weight[0].clone()
-    if model.position is not None:
-        residual += model.position.weight[0]
-    normed = model.layers[layer].mixer_norm(residual).double()
+    normed = _normed_token(model, layer).double()
     hot, cold = float(normed[0]), float(normed[1])
     tokens = list(targets)
     system = torch.full((len(tokens), len(tokens)), cold, dtype=torch.float64)
@@ -335,14 +344,8 @@ def _mamba_one_hot(model: LanguageModel, layer: int, vocab: int) -> float:
     [0, vocab) this token, [vocab, 2 vocab) the previous one (the conv's taps), each exactly
     SiLU(1) where hot and 0 elsewhere after the conv's bias cancels what the norm leaves on
     the other coordinates; and its gate z SiLU's 1 at every position. Returns SiLU(1)."""
-    block = model.layers[layer]
-    mixer = block.mixer
-    # What the layer's norm makes of a position's residual (the same at every position: one
-    # one-hot token, and position, of the same size): its token's coordinate and another's.
-    residual = model.embedding.weight[0].clone()
-    if model.position is not None:
-        residual += model.position.weight[0]
-    normed = block.mixer_norm(residual)
+    mixer = model.layers[layer].mixer
+    normed = _normed_token(model, layer)
     hot, cold = float(normed[0]), float(normed[1])
     t, inner = torch.arange(vocab), mixer.d_inner
     scale = 1.0 / (hot - cold)

@@ -333,3 +333,16 @@ def test_a_candidates_convolution_must_be_baseconvs_long_one() -> None:
     cfg = ModelConfig(layers=["baseconv", "attention"], d_model=64, vocab_size=19, max_len=11)
     with pytest.raises(ConfigError, match=r"^model\.layers\[0\]: candidates_by_hand needs Base"):
         candidates_by_hand(cfg, 0, 11)
+
+
+def test_a_known_model_is_written_the_same_each_time(tmp_path) -> None:
+    """The weights its mechanism leaves alone come from the run's seed: two writes of a
+    known model leave the same weights file."""
+    from mecheval.experiments.known import KNOWN, write_known
+
+    known = next(k for k in KNOWN if k.name == "direct-mamba-layer-0")
+    write_known(tmp_path / "a", known, "tiny")
+    torch.rand(3)  # the global generator moves on between the two writes
+    write_known(tmp_path / "b", known, "tiny")
+    first, second = ((tmp_path / d / "model.safetensors").read_bytes() for d in "ab")
+    assert first == second

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import torch
 
 from mecheval.errors import ConfigError
 from mecheval.experiments.mechanisms import InterventionPlan, intervene_run
@@ -197,9 +198,12 @@ def known_config(known: KnownModel, preset: str = "quick") -> RunConfig:
 
 def write_known(run_dir: Path, known: KnownModel, preset: str = "quick") -> RunConfig:
     """A run folder of the known model: its config, its hand-set weights and a done status
-    at step 0 (built, not trained), so that every reading command reads it as a run."""
+    at step 0 (built, not trained), so that every reading command reads it as a run. The
+    weights the mechanism leaves alone are drawn from the run's seed: the same file each time."""
     cfg = known_config(known, preset)
-    model = known.build(cfg)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.training.seed)
+        model = known.build(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / CONFIG_FILE, dump_yaml(cfg))
     atomic_save_safetensors(run_dir / MODEL_FILE, model.state_dict())

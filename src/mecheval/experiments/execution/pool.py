@@ -59,27 +59,18 @@ def run_local(
         or all(job.is_over() for job in jobs)
         or (on_one_gpu(jobs) and lone_runs_replay(groups))
     ):
-        return _run_here(jobs, groups, on_progress)
+        sink = CallbackSink(on_progress) if on_progress else None
+        with stop_on_sigterm():
+            results = []
+            for group in groups:
+                results.append(execute_group(group, sink))
+                announce(results[-1], on_progress)
+            return in_job_order(jobs, groups, results)
     ordered = longest_first(groups) if len(groups) > workers else groups
     if on_one_gpu(jobs):  # worker processes would take turns on the card: threads share it
         with stop_on_sigterm():
             return in_job_order(jobs, ordered, run_side_by_side(ordered, workers, on_progress))
     return _run_in_workers(jobs, ordered, workers, on_progress)
-
-
-def _run_here(
-    jobs: Sequence[Job],
-    groups: list[list[Job]],
-    on_progress: Callable[[SweepEvent], None] | None,
-) -> list[Outcome]:
-    """The groups one after another in this process."""
-    sink = CallbackSink(on_progress) if on_progress else None
-    with stop_on_sigterm():
-        results = []
-        for group in groups:
-            results.append(execute_group(group, sink))
-            announce(results[-1], on_progress)
-        return in_job_order(jobs, groups, results)
 
 
 def _run_in_workers(

@@ -54,7 +54,10 @@ class PrefixCache:
         with torch.no_grad():
             made = block.mixer.prefix(block.mixer_norm(self.inputs[layer]))
         if made is None:
-            raise ValueError(f"layers.{layer}.mixer keeps no state to read")
+            raise ValueError(
+                f"layers.{layer}.mixer carries a state but its halo() is None: a mixer with a "
+                "state site says how many inputs before a cut it reads"
+            )
         return made
 
 

@@ -144,3 +144,17 @@ def test_over_the_state_budget_a_block_recomputes_its_window(arch: str, monkeypa
         rtol=0.0,
         atol=1e-6,
     )
+
+
+def test_a_state_site_on_a_mixer_without_a_halo_is_one_line() -> None:
+    """A mixer that carries a state but says no halo cannot be resumed at its state site:
+    one line naming the layer and the contract, not an error deep in the engine."""
+    from mecheval.interventions.prefix import PrefixCache
+
+    model = model_for("mamba", {}, None)
+    mixer = model.layers[1].mixer
+    mixer.halo = lambda: None  # as a plugin that sets carries but not halo
+    cache = PrefixCache([torch.zeros(2, LENGTH, 16)] * 2, [None, None])
+    with pytest.raises(ValueError, match=r"^layers\.1\.mixer carries a state but its halo\(\)"):
+        cache.block_prefix(model, 1)
+    assert cache.block_prefix(model, 0).carries == "state"  # the other layer as built

@@ -346,3 +346,10 @@ def test_a_known_model_is_written_the_same_each_time(tmp_path) -> None:
     write_known(tmp_path / "b", known, "tiny")
     first, second = ((tmp_path / d / "model.safetensors").read_bytes() for d in "ab")
     assert first == second
+
+
+def test_a_parity_mamba_without_its_conv_is_one_line_about_parity() -> None:
+    layer = {"architecture": "mamba", "mixer": {"allow_neg_eigval": True, "d_conv": None}}
+    cfg = ModelConfig(layers=[layer, "mamba"], d_model=64, vocab_size=7, max_len=17)
+    with pytest.raises(ConfigError, match=r"^model\.layers\[0\]: parity in Mamba needs its conv"):
+        parity_by_hand(cfg, 0, BOS, (3, 4), (5, 6))

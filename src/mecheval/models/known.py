@@ -264,7 +264,7 @@ def parity_by_hand(
         if isinstance(mixer, DeltaNet):
             _deltanet_parity(model, layer, (bos, *elements), states)
             return model
-        _check_mamba_by_hand(mixer, layer, vocab, [bos])
+        _check_mamba_by_hand(mixer, layer, vocab, [bos], "parity")
         x_one = _mamba_one_hot(model, layer, vocab)
         rank, state = mixer.dt_rank, mixer.d_state
         mixer.x_proj.weight.zero_()
@@ -365,16 +365,19 @@ def _mamba_one_hot(model: LanguageModel, layer: int, vocab: int) -> float:
     return F.silu(torch.tensor(1.0)).item()
 
 
-def _check_mamba_by_hand(mixer: Mamba, layer: int, vocab: int, keys: list[int]) -> None:
-    """The Mamba layer :func:`_mamba_retrieves` sets can hold the mechanism: a conv of two taps
-    or more with its bias, a state column per key, two channel blocks of the vocabulary."""
+def _check_mamba_by_hand(
+    mixer: Mamba, layer: int, vocab: int, keys: list[int], purpose: str = "direct retrieval"
+) -> None:
+    """The Mamba layer :func:`_mamba_one_hot` sets can hold the mechanism (``purpose``): a
+    conv of two taps or more with its bias, a state column per key, two channel blocks of
+    the vocabulary."""
     if not (mixer.has_conv and mixer.conv.kernel_size >= 2 and mixer.conv.bias is not None):
         raise ConfigError(
-            f"model.layers[{layer}]: direct retrieval in Mamba needs its conv, with its bias"
+            f"model.layers[{layer}]: {purpose} in Mamba needs its conv, with its bias"
         )
     if not keys or len(keys) > mixer.d_state or 2 * vocab > mixer.d_inner:
         raise ConfigError(
-            f"model.layers[{layer}]: direct retrieval in Mamba needs 1..d_state "
+            f"model.layers[{layer}]: {purpose} in Mamba needs 1..d_state "
             f"({mixer.d_state}) key ids (got {len(keys)}) and d_inner >= 2 * vocab_size"
         )
 

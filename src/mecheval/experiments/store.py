@@ -405,7 +405,7 @@ def _fraction_over_seeds(runs: pd.DataFrame, top: str) -> str:
     values = np.array([r[role] for r in runs["recovered"] if isinstance(r, dict) and role in r])
     if len(values) < 2:
         return ""
-    low, high = BOOTSTRAP.bounds(values[BOOTSTRAP.draws(len(values))].mean(axis=1))
+    low, high = BOOTSTRAP.mean_bounds(values)
     return f"{role} {100 * values.mean():.0f} % [{100 * low:.0f}, {100 * high:.0f}]"
 
 

@@ -112,7 +112,7 @@ def effect_interval(
         return math.nan, math.nan
     first = rows[(rows.site == rows.site.iloc[0]) & (rows.role == rows.role.iloc[0])]
     change = (first.original - first.corrupted).to_numpy(dtype=float)
-    return bootstrap.bounds(change[bootstrap.draws(len(change))].mean(axis=1))
+    return bootstrap.mean_bounds(change)
 
 
 def _correlation(a: pd.Series, b: pd.Series, method: str) -> float:

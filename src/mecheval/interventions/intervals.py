@@ -50,6 +50,10 @@ class Bootstrap:
         low, high = np.quantile(values, [tail, 1.0 - tail])
         return float(low), float(high)
 
+    def mean_bounds(self, values: np.ndarray) -> tuple[float, float]:
+        """:meth:`bounds` of the mean of ``values`` (one per document, or per seed)."""
+        return self.bounds(values[self.draws(len(values))].mean(axis=1))
+
     def row_bounds(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`bounds` of each row of ``values`` ([statistics, resamples]), equal to it
         row by row."""

@@ -161,21 +161,16 @@ KNOWN: tuple[KnownModel, ...] = (
         f"direct retrieval in layer 1 (deltanet); {HELD} (layer 1)",
         task=REASSIGN,
     ),
-    KnownModel(
-        "parity-state-mamba",
-        ("mamba",) * 2,
-        _parity(0),
-        "in the state after it",
-        task=PARITY,
-        mixer={"allow_neg_eigval": True},
-    ),
-    KnownModel(
-        "parity-state-deltanet",
-        ("deltanet",) * 2,
-        _parity(0),
-        "in the state after it",
-        task=PARITY,
-        mixer={"allow_neg_eigval": True},
+    *(
+        KnownModel(
+            f"parity-state-{arch}",
+            (arch,) * 2,
+            _parity(0),
+            "in the state after it",
+            task=PARITY,
+            mixer={"allow_neg_eigval": True},
+        )
+        for arch in ("mamba", "deltanet")
     ),
 )
 

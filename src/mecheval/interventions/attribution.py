@@ -141,7 +141,7 @@ def estimate_cells(
         states = {layer: prefix.block_prefix(model, layer) for layer in set(state_layers)}
         for layer, role in state_grads:
             g = _state_gradient(
-                model, layer, prefix, states[layer], (corrupted, answer), role, readout
+                model, layer, prefix, states[layer], corrupted, answer, role, readout
             )
             state_grads[(layer, role)] += _flat(g) / len(points)
     if corrupted_run is None:  # integrated gradients: the corrupted run itself is not on the path
@@ -267,17 +267,17 @@ def _state_gradient(
     layer: int,
     prefix: PrefixCache,
     states: Prefix,
-    scored: tuple[Batch, torch.Tensor],
+    corrupted: Batch,
+    answer: torch.Tensor,
     role: str,
     readout: Readout,
 ) -> tuple[torch.Tensor, ...]:
     """The readout's gradient with respect to block ``layer``'s recurrent state after each
     document's ``role`` position, in the run ``prefix`` holds (``states``: its block's
     prefix, ``PrefixCache.block_prefix``; a part per state tensor, [N, ...] each; zero where
-    the position lies after the query; ``scored``: the corrupted documents and the answer
-    whose readout is differentiated)."""
+    the position lies after the query; ``answer``: the answer whose readout is
+    differentiated)."""
     block = model.layers[layer]
-    corrupted, answer = scored
     dst, at = corrupted.roles[role], corrupted.query
     docs = torch.arange(len(dst), device=dst.device)
     out = tuple(torch.zeros_like(part) for part in _parts(states.after(docs, dst)))

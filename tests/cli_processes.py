@@ -46,6 +46,14 @@ def _child(argv: list[str], cwd: str, out: str, err: str) -> None:
 
 
 def _context() -> multiprocessing.context.BaseContext:
+    # The server is a fresh ``python -c`` started in the current folder, and Python 3.11's
+    # forkserver does not pass it this process's sys.path: without this folder on its
+    # PYTHONPATH its preload fails silently (an ImportError it ignores), and every command
+    # imports torch and mecheval again.
+    here = str(Path(__file__).resolve().parent)
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if here not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, *paths) if p)
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["cli_preload"])
     return context
@@ -76,3 +84,18 @@ def run_command(command: str, cwd: Path, timeout: float = 600) -> subprocess.Com
             raise subprocess.TimeoutExpired(command, timeout)
         stdout, stderr = (path.read_text() if path.exists() else "" for path in (out, err))
         return subprocess.CompletedProcess(command, process.exitcode, stdout, stderr)
+
+
+def _report_modules(names: list[str], queue) -> None:
+    queue.put([name for name in names if name in sys.modules])
+
+
+def preloaded(names: list[str]) -> list[str]:
+    """Which of ``names`` a process forked from the command server has imported on arrival."""
+    context = _context()
+    queue = context.Queue()
+    process = context.Process(target=_report_modules, args=(names, queue))
+    process.start()
+    found = queue.get(timeout=600)
+    process.join()
+    return found

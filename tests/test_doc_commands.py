@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cli_processes import run_command
+from cli_processes import preloaded, run_command
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -88,6 +88,12 @@ SUBSTITUTIONS = [
         r"^(mecheval reproduce (?:(?!--archs).)*--compile(?:(?!--archs).)*)$",
         r"\1 --archs attention",
         "torch.compile's first compile of seven architectures: 3 min 22 s on the 2-core CPU",
+    ),
+    (
+        r"^(mecheval reproduce (?:(?!--archs).)*--seeds (?:(?!--archs).)*)$",
+        r"\1 --archs attention,mamba",
+        "each seed trains every architecture again: two show each seed's label and the"
+        " agreement (tests/test_reproduce_subset.py holds more)",
     ),
     (
         r"^(mecheval train configs/\S+\.yaml.*)$",
@@ -167,6 +173,12 @@ def test_the_substitutions_turn_placeholders_and_long_presets_into_runnable_comm
     assert substituted("mecheval reproduce ar --preset paper --widths 64 --lrs 1e-3,3e-4") == (
         "mecheval reproduce ar --preset tiny --widths 16 --lrs 3e-3"
     )
+    assert substituted("mecheval reproduce ar --seeds 0,1,2") == (
+        "mecheval reproduce ar --seeds 0,1,2 --preset tiny --archs attention,mamba"
+    )
+    assert substituted("mecheval reproduce ar --archs attention --seeds 1 --out o") == (
+        "mecheval reproduce ar --archs attention --seeds 1 --out o --preset tiny"
+    )
     assert substituted("mecheval --plugin my_mixer.py check-mixer my_mixer") == (
         "mecheval --plugin gated_linear_attention.py check-mixer my-gla"
     )
@@ -200,6 +212,14 @@ def test_a_forked_command_gives_what_the_mecheval_program_gives(tmp_path) -> Non
     assert run_command("mecheval train --preset tiny --arch nope", tmp_path).returncode == 2
     piped = run_command("mecheval reproduce --list | head -n 1 > first.txt", tmp_path)
     assert piped.returncode == 0 and (tmp_path / "first.txt").read_text().startswith("ar ")
+
+
+def test_a_forked_command_starts_with_mecheval_imported(tmp_path, monkeypatch) -> None:
+    """The command server's preload took, whatever folder the tests run from: a forked
+    command starts with torch and mecheval's CLI imported instead of importing them again."""
+    monkeypatch.chdir(tmp_path)
+    names = ["torch", "mecheval.cli", "mecheval.experiments.reproduce"]
+    assert preloaded(names) == names
 
 
 def _ok(result: subprocess.CompletedProcess, command: str) -> None:

@@ -92,6 +92,13 @@ def test_reproduce_task_matrix_tasks_and_archs() -> None:
     _, spec = reproduce_spec("task-matrix", "quick", archs="attention,mamba", tasks="mqar, atr")
     assert spec.grid == {"task": ["mqar", "atr"], "model.architecture": ["attention", "mamba"]}
     assert [r.name for r in expand(spec)][:2] == ["mqar-attention", "mqar-mamba"]
+    # At tiny, every task on three architectures, unless --archs or --tasks says otherwise.
+    assert reproduce_spec("task-matrix", "tiny")[1].grid == {
+        "task": MATRIX_TASKS,
+        "model.architecture": ["attention", "based", "mamba"],
+    }
+    _, spec = reproduce_spec("task-matrix", "tiny", archs="hyena", tasks="ar")
+    assert spec.grid == {"task": ["ar"], "model.architecture": ["hyena"]}
     # --archs all: every registered architecture, the paper's first.
     _, spec = reproduce_spec("ar", "quick", archs="all")
     archs = spec.grid["model.architecture"]

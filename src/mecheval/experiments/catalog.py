@@ -80,8 +80,9 @@ class Experiment:
             grid.setdefault("training.lr", paper_lrs)
         else:
             grid.update(self.quick_grid or {})
-        if preset == "tiny":
-            grid.update(self.tiny_grid or {})
+        if preset == "tiny":  # the user's --archs and --tasks stand
+            chosen = {"model.architecture": archs, TASK_AXIS: tasks}
+            grid.update({k: v for k, v in (self.tiny_grid or {}).items() if chosen.get(k) is None})
         running = set(grid.get("model.architecture", []))
         per_architecture = (self.per_architecture_at or {}).get(preset, {})
         return SweepSpec(
@@ -417,6 +418,9 @@ def _matrices(archs: list[str], conv_archs: list[str]) -> list[Experiment]:
             # trains every step
             fixed={"training.stop_at_accuracy": MATRIX_STOP_AT},
             matrix="task",
+            # every task on three architectures: each task's own experiment (ar, mqar,
+            # reverse-ar, state-tracking, ...) runs it on its architectures at tiny already
+            tiny_grid={"model.architecture": ["attention", "based", "mamba"]},
         ),
         conv_experiment(
             "conv-switch",

@@ -1,4 +1,5 @@
 import json
+import math
 import os
 import traceback
 from dataclasses import dataclass
@@ -104,8 +105,9 @@ class TinyExperiments:
 
         # Under pytest-xdist, workers that all want every experiment share them out: each
         # runs the next one no other worker is running, then waits for those others ran.
+        # The largest grids first, so that no worker ends waiting on a long one.
         others = []
-        for experiment in list_experiments():
+        for experiment in sorted(list_experiments(), key=lambda e: -_grid_size(e)):
             lock = self._lock(experiment.name)
             try:
                 lock.acquire(timeout=0)
@@ -134,6 +136,11 @@ class TinyExperiments:
         if not record.exists():
             record.parent.mkdir(parents=True, exist_ok=True)
             record.write_text(json.dumps(_reproduce(name, self.root / "runs")))
+
+
+def _grid_size(experiment) -> int:
+    """How many runs ``experiment``'s grid has at the tiny preset."""
+    return math.prod(len(values) for values in experiment.sweep("tiny").grid.values())
 
 
 @pytest.fixture(scope="session")

@@ -282,6 +282,8 @@ def _paper_appendix(archs: list[str]) -> list[Experiment]:
             "ar",
             {"model.architecture": archs, "model.n_layers": [1, 2, 3]},
             ("layer-count",),
+            # one-layer and ar train every architecture at 1 and 2 layers at tiny already
+            tiny_grid={"model.architecture": ["attention", "based", "mamba"]},
         ),
         Experiment(
             "sibling",

@@ -1,5 +1,6 @@
 """Models whose mechanism is known (models/known.py): an induction circuit of two attention
-layers and a DeltaNet or Mamba layer that retrieves directly, set by hand, alone and beside layers
+layers, or of a convolution and a delta rule, and a DeltaNet or Mamba layer that retrieves
+directly, set by hand, alone and beside layers
 that pass their input through. The exact protocol must read the label the weights were
 built to have; each circuit is also checked on its own terms (the copy layer writes each
 position's previous token; every document is answered)."""
@@ -17,6 +18,7 @@ from mecheval.interventions.patch import record
 from mecheval.models import ModelConfig
 from mecheval.models.known import (
     candidates_by_hand,
+    conv_induction_by_hand,
     direct_retrieval_by_hand,
     induction_by_hand,
     parity_by_hand,
@@ -353,3 +355,58 @@ def test_a_parity_mamba_without_its_conv_is_one_line_about_parity() -> None:
     cfg = ModelConfig(layers=[layer, "mamba"], d_model=64, vocab_size=7, max_len=17)
     with pytest.raises(ConfigError, match=r"^model\.layers\[0\]: parity in Mamba needs its conv"):
         parity_by_hand(cfg, 0, BOS, (3, 4), (5, 6))
+
+
+VALUES = [N_SPECIAL + TASK["n_keys"] + i for i in range(TASK["n_values"])]  # after the keys
+
+
+@pytest.mark.parametrize(
+    ("layers", "copy", "read", "label"),
+    [
+        (["baseconv", "deltanet"], 0, 1, "induction in layer 1 (deltanet)"),
+        (["baseconv", "deltanet", "mamba"], 0, 1, "induction in layer 1 (deltanet)"),
+        (["baseconv", "mamba"], 0, 1, "induction in layer 1 (mamba)"),
+    ],
+)
+def test_a_convolution_that_copies_the_key_and_a_state_that_binds_read_induction(
+    tmp_path, layers: list[str], copy: int, read: int, label: str
+) -> None:
+    """A BaseConv short convolution adds each key to the position after it (the value's);
+    a DeltaNet or Mamba layer binds the key and value it finds there and reads the query's:
+    every document answered, the binding made at the value."""
+    run_dir, cfg = run_folder(tmp_path, layers)
+    keys = [N_SPECIAL + i for i in range(TASK["n_keys"])]
+    assert [int(cfg.task.value_id(i)) for i in range(TASK["n_values"])] == VALUES
+    model = conv_induction_by_hand(cfg.model, copy, read, keys, VALUES).eval()
+    batch = build_datasets(parse_task({**TASK, **SPLITS}))["test"].batch(torch.arange(64))
+    with torch.no_grad(), record(model, [f"layers.{read}.input"]) as seen:
+        answers = model(batch.tokens)[torch.arange(64), batch.roles["query"]].argmax(-1)
+    assert torch.equal(answers, batch.answer)
+    # The value's position holds its key after the copy: that key's coordinate is the
+    # largest among the keys' there.
+    rows = torch.arange(64)
+    at_value = seen[f"layers.{read}.input"][rows, batch.roles["value"]][..., keys].argmax(-1)
+    at_key = batch.tokens[rows, batch.roles["key"]] - N_SPECIAL
+    assert torch.equal(at_value, at_key)
+    read_ = intervene_run(run_dir, InterventionPlan(split="dev"), loaded=(cfg, model)).label
+    assert read_.label == label
+    assert (read_.carrier.layer, read_.carrier.reads) == (read, "induction")
+    # Copied from the wrong position (two back), the key no longer meets its value.
+    conv = model.layers[copy].mixer.conv
+    with torch.no_grad():
+        conv.weight[:, 0, -3], conv.weight[:, 0, -2] = conv.weight[:, 0, -2].clone(), 0.0
+    broken = intervene_run(run_dir, InterventionPlan(split="dev"), loaded=(cfg, model)).label
+    assert broken.accuracy is not None and broken.accuracy < 0.5
+    assert not broken.label.startswith("induction")
+
+
+def test_a_conv_induction_needs_a_short_convolution_and_a_state_that_binds() -> None:
+    for layers, says in (
+        (["attention", "deltanet"], "model.layers[0]: conv_induction_by_hand copies with"),
+        ([{"architecture": "baseconv", "mixer": {"kernel_size": [-1]}}, "deltanet"], "copies"),
+        (["baseconv", "attention"], "model.layers[1]: conv_induction_by_hand binds with one-head"),
+    ):
+        cfg = ModelConfig(layers=layers, d_model=64, vocab_size=19, max_len=11)
+        with pytest.raises(ConfigError, match=says.replace("[", r"\[")) as err:
+            conv_induction_by_hand(cfg, 0, 1, [3, 4], [11, 12])
+        assert "\n" not in str(err.value)

@@ -24,6 +24,7 @@ from mecheval.io import atomic_save_safetensors, atomic_write_text
 from mecheval.models.backbone import LanguageModel
 from mecheval.models.known import (
     candidates_by_hand,
+    conv_induction_by_hand,
     direct_retrieval_by_hand,
     induction_by_hand,
     parity_by_hand,
@@ -78,6 +79,16 @@ def _induction(copy: int, read: int) -> Callable[[RunConfig], LanguageModel]:
     return lambda cfg: induction_by_hand(cfg.model, copy, read)
 
 
+def _conv_induction(copy: int, read: int) -> Callable[[RunConfig], LanguageModel]:
+    def build(cfg: RunConfig) -> LanguageModel:
+        task = cfg.task
+        keys = [int(task.key_id(i)) for i in range(task.n_keys)]
+        values = [int(task.value_id(i)) for i in range(task.n_values)]
+        return conv_induction_by_hand(cfg.model, copy, read, keys, values)
+
+    return build
+
+
 def _direct(layer: int) -> Callable[[RunConfig], LanguageModel]:
     def build(cfg: RunConfig) -> LanguageModel:
         keys = [int(cfg.task.key_id(i)) for i in range(cfg.task.n_keys)]  # Mamba's columns
@@ -116,6 +127,18 @@ KNOWN: tuple[KnownModel, ...] = (
         _induction(0, 1),
         "induction in layer 1 (attention)",
         positions=True,
+    ),
+    KnownModel(
+        "induction-baseconv-deltanet",
+        ("baseconv", "deltanet"),
+        _conv_induction(0, 1),
+        "induction in layer 1 (deltanet)",
+    ),
+    KnownModel(
+        "induction-baseconv-mamba",
+        ("baseconv", "mamba"),
+        _conv_induction(0, 1),
+        "induction in layer 1 (mamba)",
     ),
     KnownModel("direct-layer-0", ("deltanet",) * 2, _direct(0), "direct retrieval, layer 0"),
     KnownModel("direct-layer-1", ("deltanet",) * 2, _direct(1), "direct retrieval, layer >= 1"),

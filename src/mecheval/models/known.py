@@ -14,6 +14,12 @@ DeltaNet, Gated DeltaNet, GLA, RetNet). So a model of layers ``[mamba, attention
 reads "induction in layer 2 (attention)", and ``[attention, attention, mamba]`` "induction in
 layer 1 (attention)".
 
+``conv_induction_by_hand``: induction without attention. A BaseConv short convolution adds
+each key to the position after it (the value's; a depthwise convolution keeps it on the
+key's own channel), and a one-head DeltaNet or a Mamba layer that writes only where a value
+stands binds the key and value it finds there, then reads the query's key: "induction in
+layer 1 (deltanet)" for ``[baseconv, deltanet]``, "(mamba)" for ``[baseconv, mamba]``.
+
 ``direct_retrieval_by_hand``: one one-head DeltaNet layer whose short convolutions give its
 key the previous token and its value and query the current one, with β = 1: it writes each
 pair into its state, replacing what the key held, and reads the value at the query. Alone it
@@ -54,6 +60,7 @@ from mecheval.models.mixers.baseconv import BaseConv
 from mecheval.models.mixers.deltanet import DeltaNet
 from mecheval.models.mixers.long_conv import ImplicitLongConv
 from mecheval.models.mixers.mamba import Mamba
+from mecheval.models.mixers.modules import ShortConv
 
 #: The size of every one-hot coordinate the embedding writes.
 EMBED = 4.0
@@ -153,6 +160,131 @@ def induction_by_hand(config: ModelConfig, copy: int, read: int) -> LanguageMode
         _copy_previous(_one_head_attention(model, copy), vocab, length, d)
         _read_after_match(_one_head_attention(model, read), vocab, d)
     return model
+
+
+#: The gain of the BaseConv copy layer's projection on the key channels: the previous key's
+#: coordinate it writes, (hot - cold) times this, about the size of a token's own.
+COPY_GAIN = 1.5
+
+
+def conv_induction_by_hand(
+    config: ModelConfig, copy: int, read: int, keys: Sequence[int], values: Sequence[int]
+) -> LanguageModel:
+    """Induction through a convolution: layer ``copy``, a BaseConv with a short convolution,
+    adds to each position the previous token's coordinate where that token is a key (its
+    convolution is depthwise, so the copy stays on the key's own channel of the token
+    block); layer ``read``, a one-head DeltaNet or a Mamba layer, writes at each value's
+    position the pair (the key coordinates there -> the value coordinates there) into its
+    state, and reads it with the query's key. The binding is made at the value, where the
+    copy put the key beside it: the protocol's "induction", in the reading layer. ``keys``
+    and ``values`` are the task's token ids. Every other layer is passed through."""
+    if not 0 <= copy < read < config.n_layers:
+        raise ConfigError(f"conv_induction_by_hand: need 0 <= copy < read < {config.n_layers}")
+    with torch.no_grad():
+        model = _blank(config, (copy, read))
+        _baseconv_copies_keys(model, copy, list(keys))
+        if isinstance(model.layers[read].mixer, Mamba):
+            _mamba_binds(model, read, list(keys), list(values))
+        else:
+            _deltanet_binds(model, read, list(keys), list(values))
+    return model
+
+
+def _baseconv_copies_keys(model: LanguageModel, layer: int, keys: list[int]) -> None:
+    """BaseConv's weights for :func:`conv_induction_by_hand`: y = conv(u) * projection(u) + u
+    with the short convolution's tap one step back on the key channels (its bias cancels
+    what the norm leaves on a cold coordinate) and the projection a constant COPY_GAIN there,
+    0 elsewhere."""
+    mixer = model.layers[layer].mixer
+    conv = getattr(mixer, "conv", None)
+    if not (isinstance(mixer, BaseConv) and isinstance(conv, ShortConv) and conv.kernel_size >= 2):
+        raise ConfigError(
+            f"model.layers[{layer}]: conv_induction_by_hand copies with BaseConv's short "
+            "convolution (kernel_size >= 2)"
+        )
+    normed = _normed_token(model, layer)
+    cold = float(normed[1])
+    k = torch.tensor(keys)
+    conv.weight.zero_()
+    conv.weight[k, 0, conv.kernel_size - 2] = 1.0
+    conv.bias.zero_()
+    conv.bias[k] = -cold
+    mixer.projection.weight.zero_()
+    mixer.projection.bias.zero_()
+    mixer.projection.bias[k] = COPY_GAIN
+
+
+def _deltanet_binds(model: LanguageModel, layer: int, keys: list[int], values: list[int]) -> None:
+    """DeltaNet's weights for :func:`conv_induction_by_hand`: query and key read this
+    position's key coordinates, the value its value coordinates (short convolutions at lag
+    0), β = 1 at a value and 0 elsewhere; the read value is written into the token block
+    READ_GAIN times over."""
+    mixer = _one_head_deltanet(model, layer, "conv_induction_by_hand")
+    k, v = torch.tensor(keys), torch.tensor(values)
+    for proj, conv, ids in (
+        (mixer.q_proj, mixer.q_conv, k),
+        (mixer.k_proj, mixer.k_conv, k),
+        (mixer.v_proj, mixer.v_conv, v),
+    ):
+        proj.weight.zero_()
+        proj.weight[ids, ids] = DELTA_SCALE
+        conv.weight.zero_()
+        conv.weight[:, 0, conv.kernel_size - 1] = 1.0
+        if conv.bias is not None:
+            conv.bias.zero_()
+    # β = sigmoid(large) = 1 where a value stands, sigmoid(very negative) = 0 elsewhere (the
+    # value coordinates are all cold there): only a value position writes, so the query,
+    # which is a key, reads what its pair wrote instead of overwriting it.
+    mixer.b_proj.weight.zero_()
+    mixer.b_proj.weight[:, v] = DELTA_SCALE * 4
+    mixer.o_proj.weight.zero_()
+    mixer.o_proj.weight[v, v] = READ_GAIN
+
+
+#: The Mamba binding layer's Δ = softplus(BIND_DT_GAIN * v + BIND_DT_REST), v its value
+#: channel there: large where a value stands (v near 1), about 2e-9 elsewhere (v = 0).
+BIND_DT_GAIN = 40.0
+BIND_DT_REST = -20.0
+
+
+def _mamba_binds(model: LanguageModel, layer: int, keys: list[int], values: list[int]) -> None:
+    """Mamba's weights for :func:`conv_induction_by_hand`: its channels x one-hot as for
+    direct retrieval (this token's block only); B_n = C_n = 1 where key n's coordinate is
+    hot at this position (its own token, or the key the convolution copied beside a value);
+    Δ large where a value stands and about 0 elsewhere, so only a value's position writes,
+    adding (key -> value) into that key's state column, which the query's C reads; the
+    output projection passes the value channels alone."""
+    mixer = model.layers[layer].mixer
+    vocab = model.config.vocab_size
+    _check_mamba_by_hand(mixer, layer, vocab, keys, "induction")
+    x_one = _mamba_one_hot(model, layer, vocab)
+    n, rank, state = torch.arange(len(keys)), mixer.dt_rank, mixer.d_state
+    k, v = torch.tensor(keys), torch.tensor(values)
+    mixer.x_proj.weight.zero_()
+    mixer.x_proj.weight[0, v] = 1.0 / x_one  # Δ's input: 1 where a value stands
+    mixer.x_proj.weight[rank + n, k] = 1.0 / x_one  # B
+    mixer.x_proj.weight[rank + state + n, k] = 1.0 / x_one  # C
+    mixer.dt_proj.weight.zero_()
+    mixer.dt_proj.weight[:, 0] = BIND_DT_GAIN
+    mixer.dt_proj.bias.fill_(BIND_DT_REST)
+    mixer.A_log.fill_(-30.0)  # A = -exp(-30): exp(Δ A) is 1 in float32
+    mixer.D.zero_()
+    mixer.out_proj.weight.zero_()
+    mixer.out_proj.weight[v, v] = READ_GAIN * EMBED / x_one
+
+
+def _one_head_deltanet(model: LanguageModel, layer: int, builder: str) -> DeltaNet:
+    mixer = model.layers[layer].mixer
+    if not (
+        isinstance(mixer, DeltaNet)
+        and mixer.num_heads == 1
+        and getattr(mixer.k_conv, "kernel_size", 0) >= 2
+    ):
+        raise ConfigError(
+            f"model.layers[{layer}]: {builder} binds with one-head DeltaNet (with its short "
+            "convolutions) or Mamba"
+        )
+    return mixer
 
 
 #: How far the DeltaNet layer's projections scale the normed one-hot token (SiLU then passes

@@ -219,19 +219,14 @@ def _deltanet_binds(model: LanguageModel, layer: int, keys: list[int], values: l
     position's key coordinates, the value its value coordinates (short convolutions at lag
     0), β = 1 at a value and 0 elsewhere; the read value is written into the token block
     READ_GAIN times over."""
-    mixer = _one_head_deltanet(model, layer, "conv_induction_by_hand")
+    mixer = _one_head_deltanet(
+        model,
+        layer,
+        "conv_induction_by_hand binds with one-head DeltaNet (with its short "
+        "convolutions) or Mamba",
+    )
     k, v = torch.tensor(keys), torch.tensor(values)
-    for proj, conv, ids in (
-        (mixer.q_proj, mixer.q_conv, k),
-        (mixer.k_proj, mixer.k_conv, k),
-        (mixer.v_proj, mixer.v_conv, v),
-    ):
-        proj.weight.zero_()
-        proj.weight[ids, ids] = DELTA_SCALE
-        conv.weight.zero_()
-        conv.weight[:, 0, conv.kernel_size - 1] = 1.0
-        if conv.bias is not None:
-            conv.bias.zero_()
+    _deltanet_reads(mixer, ((k, 0), (k, 0), (v, 0)))
     # β = sigmoid(large) = 1 where a value stands, sigmoid(very negative) = 0 elsewhere (the
     # value coordinates are all cold there): only a value position writes, so the query,
     # which is a key, reads what its pair wrote instead of overwriting it.
@@ -273,18 +268,35 @@ def _mamba_binds(model: LanguageModel, layer: int, keys: list[int], values: list
     mixer.out_proj.weight[v, v] = READ_GAIN * EMBED / x_one
 
 
-def _one_head_deltanet(model: LanguageModel, layer: int, builder: str) -> DeltaNet:
+def _one_head_deltanet(model: LanguageModel, layer: int, needs: str) -> DeltaNet:
+    """Layer ``layer``'s mixer, checked to be a one-head DeltaNet with its short
+    convolutions (else one line: ``needs``)."""
     mixer = model.layers[layer].mixer
     if not (
         isinstance(mixer, DeltaNet)
         and mixer.num_heads == 1
         and getattr(mixer.k_conv, "kernel_size", 0) >= 2
     ):
-        raise ConfigError(
-            f"model.layers[{layer}]: {builder} binds with one-head DeltaNet (with its short "
-            "convolutions) or Mamba"
-        )
+        raise ConfigError(f"model.layers[{layer}]: {needs}")
     return mixer
+
+
+def _deltanet_reads(mixer: DeltaNet, reads: Sequence[tuple[torch.Tensor, int]]) -> None:
+    """DeltaNet's query, key and value, in that order, each (ids, lag): the projection passes
+    the coordinates ``ids`` DELTA_SCALE times over, the short convolution the input ``lag``
+    positions back."""
+    for proj, conv, (ids, lag) in zip(
+        (mixer.q_proj, mixer.k_proj, mixer.v_proj),
+        (mixer.q_conv, mixer.k_conv, mixer.v_conv),
+        reads,
+        strict=True,
+    ):
+        proj.weight.zero_()
+        proj.weight[ids, ids] = DELTA_SCALE
+        conv.weight.zero_()
+        conv.weight[:, 0, conv.kernel_size - 1 - lag] = 1.0
+        if conv.bias is not None:
+            conv.bias.zero_()
 
 
 #: How far the DeltaNet layer's projections scale the normed one-hot token (SiLU then passes
@@ -310,27 +322,14 @@ def direct_retrieval_by_hand(
         if isinstance(mixer, Mamba):
             _mamba_retrieves(model, layer, vocab, list(keys))
             return model
-        if not (
-            isinstance(mixer, DeltaNet)
-            and mixer.num_heads == 1
-            and getattr(mixer.k_conv, "kernel_size", 0) >= 2
-        ):
-            raise ConfigError(
-                f"model.layers[{layer}]: direct_retrieval_by_hand needs one-head DeltaNet "
-                "or Mamba, with a short convolution"
-            )
+        mixer = _one_head_deltanet(
+            model,
+            layer,
+            "direct_retrieval_by_hand needs one-head DeltaNet or Mamba, with a short convolution",
+        )
         t = torch.arange(vocab)
-        for proj, conv, lag in (
-            (mixer.q_proj, mixer.q_conv, 0),  # the query's own token
-            (mixer.k_proj, mixer.k_conv, 1),  # the token before: the key
-            (mixer.v_proj, mixer.v_conv, 0),  # this token: the value
-        ):
-            proj.weight.zero_()
-            proj.weight[t, t] = DELTA_SCALE
-            conv.weight.zero_()
-            conv.weight[:, 0, conv.kernel_size - 1 - lag] = 1.0
-            if conv.bias is not None:
-                conv.bias.zero_()
+        # the query's own token, the token before (the key), this token (the value)
+        _deltanet_reads(mixer, ((t, 0), (t, 1), (t, 0)))
         mixer.b_proj.weight.zero_()
         mixer.b_proj.weight[:, t] = DELTA_SCALE * 4  # β = sigmoid(large) = 1 at every token
         mixer.o_proj.weight.zero_()

@@ -44,8 +44,8 @@ class Experiment:
     #: (after ``fixed_at``; where the sweep runs that architecture)
     per_architecture_at: dict[str, dict[str, dict[str, Any]]] | None = None
     quick_grid: dict[str, list[Any]] | None = None
-    #: at tiny, these grid values instead (after ``quick_grid``): a large grid's end-to-end
-    #: check on a few of its points
+    #: at tiny, these grid values instead (after ``quick_grid``; the architectures and tasks
+    #: a user chose stand): a large grid's end-to-end check on a few of its points
     tiny_grid: dict[str, list[Any]] | None = None
     #: the report adds a mechanism matrix (report/matrix.py's MATRICES): architectures by
     #: "task", by "short conv" setting or by task and "eigenvalues" range; or LAYERS_MATRIX,

@@ -1,5 +1,4 @@
 import json
-import math
 import os
 import traceback
 from dataclasses import dataclass
@@ -140,7 +139,9 @@ class TinyExperiments:
 
 def _grid_size(experiment) -> int:
     """How many runs ``experiment``'s grid has at the tiny preset."""
-    return math.prod(len(values) for values in experiment.sweep("tiny").grid.values())
+    from mecheval.experiments.grid import expand
+
+    return len(expand(experiment.sweep("tiny")))
 
 
 @pytest.fixture(scope="session")

@@ -390,6 +390,32 @@ def test_patches_that_cannot_reach_the_query_are_not_run(arch: str, monkeypatch)
     assert (at_query.per_example.restored != at_query.per_example.corrupted).any()
 
 
+def test_a_block_output_and_the_next_input_run_once(monkeypatch) -> None:
+    """``layers.0.output`` is ``layers.1.input``'s tensor and ``layers.1.output`` is
+    ``final_norm.input``'s: one patched run each, whose restores both sites report."""
+    model = tiny("mamba")
+    original, corrupted = ar_pair()
+    run = []
+    real = engine._restore_site
+
+    def spy(sp, *args):
+        run.append(sp.site)
+        return real(sp, *args)
+
+    monkeypatch.setattr(engine, "_restore_site", spy)
+    sites = ["layers.0.output", "layers.1.input", "layers.1.output", "final_norm.input"]
+    out = interchange(model, original, corrupted, sites=sites)
+    assert run == ["layers.0.output", "layers.1.output"]
+    rows = out.per_example.set_index(["site", "role", "doc"]).restored
+    for first, second in [(0, 1), (2, 3)]:
+        assert rows[sites[first]].equals(rows[sites[second]])
+    assert (rows[sites[0]] != rows[sites[2]]).any()
+    monkeypatch.setattr(engine, "_restore_site", real)
+    alone = interchange(model, original, corrupted, sites=[sites[1], sites[3]])
+    alone_rows = alone.per_example.set_index(["site", "role", "doc"]).restored
+    assert alone_rows.equals(rows.loc[[sites[1], sites[3]]])
+
+
 def test_patch_removes_its_hook_even_when_the_forward_fails() -> None:
     model = tiny("attention")
     site = model.get_submodule("layers.0.input")

@@ -13,7 +13,8 @@ Nothing upstream of the patch is recomputed: at a block boundary (``layers.{i}.i
 ``layers.{i}.output``, ``final_norm.input``) the cached corrupted tensor is patched directly
 and only what follows runs; a site inside block i restarts from the cached corrupted input
 of block i. Rows whose source activation equals the corrupted one (every position but the
-key, before any mixing) are not run at all: their result is the corrupted result.
+key, before any mixing) are not run at all: their result is the corrupted result. A block's
+output is the next block's input: the second of the two sites takes the first's results.
 
 Nothing before the patch position is recomputed either (interventions/prefix.py): a patch at
 position p leaves positions < p as the corrupted run had them, so the blocks after the
@@ -118,6 +119,17 @@ def _downstream(
         x = layers[-1](x, at=at)
         at = torch.zeros_like(at)
     return model.head(x, at)
+
+
+def _boundary(model: LanguageModel, site: str) -> str:
+    """The name a block boundary's site has as the next block's input: ``layers.{i}.output``
+    is ``layers.{i+1}.input`` (the last block's, ``final_norm.input``), one tensor, so a patch
+    at either runs the same forward; any other site is its own."""
+    split = split_layer(site)
+    if split is None or split[1] != "output":
+        return site
+    following = int(split[0]) + 1
+    return layer_site(following, "input") if following < len(model.layers) else FINAL_NORM_INPUT
 
 
 def _past_last_mixer(model: LanguageModel, site: str) -> bool:
@@ -237,16 +249,20 @@ def interchange(
     per_example = []
     positions = _row_positions(original, corrupted, roles)
     batch = _Rows(positions, original, corrupted, s_corr, chunk)
+    restored: dict[str, torch.Tensor] = {}  # by the block boundary a site is read at
     for site in sites if roles else []:
         if site in state_sites:
             layer = state_site_layer(site)
             scores = _restore_states(model, layer, source, prefix, batch)
+        elif _boundary(model, site) in restored:
+            scores = restored[_boundary(model, site)]
         else:
             start, first, direct = restarts[site]
             tail = not _in_last_block_tail(model, site)
             sp = _SitePatch(model, site, base, prefix, corrupted.tokens, start, first, tail)
             strategy = chunk_strategy(start, direct, resume)
             scores = _restore_site(sp, strategy, source[site], batch)
+            restored[_boundary(model, site)] = scores
         _collect(site, scores, metrics, roles, n, s_orig, s_corr, rows, per_example)
     return assemble(rows, per_example)
 

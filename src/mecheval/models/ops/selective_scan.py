@@ -102,6 +102,12 @@ def selective_scan(
     return (y + xt * D).transpose(0, 1)
 
 
+#: Elements of the state a CPU scan without kept states holds at a time: 512 KB in float32
+#: (64 rows at the paper's d_inner = 128, N = 16), so that a step's few state-sized tensors
+#: stay within a core's L2 cache.
+CACHE_BLOCK = 1 << 17
+
+
 def scan_with_states(
     u: torch.Tensor,
     dt: torch.Tensor,
@@ -117,7 +123,30 @@ def scan_with_states(
     and, with ``keep``, every state and decay [T, batch, D, N] for the backward pass (or for
     resuming from any position). ``initial`` [batch, D, N]: the state before the first step,
     or with ``replace_first`` the state after it (the first step's update is skipped).
-    ``neg_eigval``: the decays are 2 exp(Δ A) - 1."""
+    ``neg_eigval``: the decays are 2 exp(Δ A) - 1.
+
+    Without ``keep`` on a CPU the rows go through in blocks whose state fits a core's cache
+    (:data:`CACHE_BLOCK` elements): a whole [batch, D, N] state is several MB at an
+    intervention's batch, and each step's four passes over it then come from memory. Every
+    operation is elementwise or a sum over N within a row, so the blocks give the same bits
+    (tests/test_selective_scan.py)."""
+    rows = max(1, CACHE_BLOCK // (A.numel()))
+    if not keep and u.device.type == "cpu" and u.shape[1] > rows:
+        blocks = [
+            scan_with_states(
+                u[:, r : r + rows],
+                dt[:, r : r + rows],
+                A,
+                B[:, r : r + rows],
+                C[:, r : r + rows],
+                keep=False,
+                initial=None if initial is None else initial[r : r + rows],
+                replace_first=replace_first,
+                neg_eigval=neg_eigval,
+            )[0]
+            for r in range(0, u.shape[1], rows)
+        ]
+        return (torch.cat(blocks, dim=1),)
     decay = torch.exp(dt.unsqueeze(-1) * A)
     if neg_eigval:
         decay = 2 * decay - 1

@@ -148,3 +148,39 @@ def test_every_boundary_and_branch_is_measured_by_default(tmp_path, layers) -> N
     assert {"layers.0.input", "layers.1.input", "final_norm.input"} <= sites
     assert {"layers.1.mixer.branches.0.output", "layers.1.mixer.branches.1.output"} <= sites
     assert torch.isfinite(torch.tensor(result.table.value.to_numpy())).all()
+
+
+def test_restoring_only_the_boundaries_reads_the_same_label_and_restores(tmp_path) -> None:
+    """A plan of scope "boundaries" restores each block's input, final_norm.input and a
+    parallel layer's branch outputs: the label, its carrier and every one of those restores
+    as the plan of every site has them, in a fraction of the rows."""
+    import shutil
+
+    from mecheval.models.sites import boundary_sites
+    from mecheval.training import load_run
+
+    layers = ["mamba", {"parallel": ["attention", "mamba"]}]
+    every = tmp_path / "every"
+    train(resolve(config(model={"layers": layers})), every)
+    shutil.copytree(every, tmp_path / "boundaries")
+    _, model = load_run(every, "cpu")
+    assert boundary_sites(model) == [
+        "layers.0.input",
+        "layers.1.input",
+        "layers.1.mixer.branches.0.output",
+        "layers.1.mixer.branches.1.output",
+        "final_norm.input",
+    ]
+    found = {}
+    for scope in ("every site", "boundaries"):
+        intervene_run(tmp_path / scope.split()[0], InterventionPlan(n_docs=16, scope=scope))
+        run = tmp_path / scope.split()[0]
+        rows = pd.read_csv(run / "interventions.csv")
+        found[scope] = (rows, json.loads((run / "mechanism.json").read_text()))
+    (all_rows, all_label), (rows, label) = found["every site"], found["boundaries"]
+    assert label == all_label
+    assert set(rows.site.dropna()) == set(boundary_sites(model))
+    assert len(rows) < len(all_rows) / 2
+    keys = ["condition", "site", "role", "metric", "split", "step"]
+    merged = rows.merge(all_rows, on=keys, how="left", suffixes=("", "_every"))
+    assert merged.value.tolist() == merged.value_every.tolist()

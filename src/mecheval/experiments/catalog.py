@@ -534,6 +534,9 @@ def _deep_hybrids() -> Experiment:
             },
             "tiny": {"training.lr": 3e-3},
         },
+        # Which layer carries the retrieval is read at the block boundaries (and a parallel
+        # layer's branch outputs): the other sites' restores would take most of the time.
+        plan=InterventionPlan(scope="boundaries"),
         tiny_grid={"model.layers": [layers[0], layers[3], layers[-1]], "model.d_model": [16]},
     )
 

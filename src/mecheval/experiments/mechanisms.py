@@ -43,6 +43,7 @@ from mecheval.interventions.null import Null, measure_null, null_at_sites
 from mecheval.io import atomic_write_text
 from mecheval.models import LanguageModel
 from mecheval.models.sites import (
+    boundary_sites,
     last_layer_input,
     local_mixing_sites,
     parse_site,
@@ -72,6 +73,10 @@ class InterventionPlan:
     """Which interventions a sweep runs after training each model (None fields: all)."""
 
     sites: tuple[str, ...] | None = None
+    #: Without ``sites``: "every site" of the model, or "boundaries": each block's input,
+    #: ``final_norm.input`` and a parallel layer's branch outputs, all that the label and
+    #: the layer that carries the retrieval are read from (interventions/carriers.py).
+    scope: Literal["every site", "boundaries"] = "every site"
     roles: tuple[str, ...] | None = None
     split: str = "test"
     n_docs: int | None = None
@@ -283,6 +288,8 @@ def intervene_run(
     if loaded is None:
         loaded = load_run(run_dir, device, cfg=run.cfg if run is not None else None)
     cfg, model = loaded
+    if plan.scope == "boundaries" and plan.sites is None:
+        plan = replace(plan, sites=tuple(boundary_sites(model)))
     if cfg.task.readings.in_state and plan.sites is None:
         # The task reads recurrent states too: every module site and every state site.
         plan = replace(plan, sites=(*site_names(model), *state_site_names(model)))

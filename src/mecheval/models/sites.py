@@ -21,6 +21,8 @@ from torch import nn
 FINAL_NORM_INPUT = "final_norm.input"
 LAST = "{last}"
 _IN_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
+_BLOCK_INPUT = re.compile(r"^layers\.\d+\.input$")
+_BRANCH_OUTPUT = re.compile(r"^layers\.\d+\.mixer\.branches\.\d+\.output$")
 
 
 class SiteParts(NamedTuple):
@@ -111,6 +113,17 @@ def state_site_names(model: nn.Module) -> list[str]:
         layer_site(i, STATE)
         for i, layer in enumerate(getattr(model, "layers", []))
         if getattr(layer.mixer, "carries", None) == "state" and not hasattr(layer.mixer, "state")
+    ]
+
+
+def boundary_sites(model: nn.Module) -> list[str]:
+    """Where a model's layers meet, in forward order: each block's input, ``final_norm.input``,
+    and the output of each branch of a parallel layer (``layers.{i}.mixer.branches.{k}.output``),
+    the sites that say which layer, and which branch, brings an answer to a position."""
+    return [
+        name
+        for name in site_names(model)
+        if name == FINAL_NORM_INPUT or _BLOCK_INPUT.match(name) or _BRANCH_OUTPUT.match(name)
     ]
 
 

@@ -63,6 +63,29 @@ def test_a_hybrid_builds_each_layer_as_its_own_architecture() -> None:
     assert model.position is None
 
 
+@pytest.mark.parametrize("pair", [("mamba", "attention"), ("attention", "gated_deltanet")])
+def test_a_two_layer_hybrid_is_its_two_architectures_composed_by_hand(pair) -> None:
+    """The hybrid's forward is the embedding, block 0 of a model of the first architecture,
+    block 1 of a model of the second (each given the hybrid's weights) and the head."""
+    torch.manual_seed(0)
+    model = build_model(hybrid(list(pair))).double().eval()
+    blocks = []
+    for j, arch in enumerate(pair):
+        alone = build_model(hybrid([arch, arch])).double().eval()
+        alone.layers[j].load_state_dict(model.layers[j].state_dict())
+        blocks.append(alone.layers[j])
+    tokens = torch.randint(0, 11, (3, 13), generator=torch.Generator().manual_seed(1))
+    at = torch.tensor([12, 5, 9])
+    with torch.no_grad():
+        x = model.embed(tokens)
+        for block in blocks:
+            x = block(x)
+        by_hand = model.head(x, at)
+        torch.testing.assert_close(model(tokens, at=at), by_hand, rtol=1e-12, atol=1e-12)
+        swapped = model.head(blocks[0](blocks[1](model.embed(tokens))), at)
+        assert not torch.allclose(swapped, by_hand)  # the order of the layers matters
+
+
 def test_a_hybrid_in_config_yaml_reads_back_as_itself(tmp_path: Path) -> None:
     cfg = resolve(config(model={"layers": ["mamba", "attention"]}))
     status = train(cfg, tmp_path / "run")

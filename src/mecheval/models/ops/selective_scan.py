@@ -130,7 +130,7 @@ def scan_with_states(
     intervention's batch, and each step's four passes over it then come from memory. Every
     operation is elementwise or a sum over N within a row, so the blocks give the same bits
     (tests/test_selective_scan.py)."""
-    rows = max(1, CACHE_BLOCK // (A.numel()))
+    rows = max(1, CACHE_BLOCK // A.numel())
     if not keep and u.device.type == "cpu" and u.shape[1] > rows:
         blocks = [
             scan_with_states(

@@ -391,6 +391,16 @@ CASES = [
     Case("task: unknown kind", ("task", "show", "nosuch"), "nosuch"),
     Case("models: unknown command", ("models", "show", "x"), "show"),
     Case("check-mixer: unknown architecture", ("check-mixer", "nosuch"), "model.architecture"),
+    Case(
+        "check-mixer: unknown layer of a hybrid",
+        ("check-mixer", "mamba+nosuch"),
+        "model.layers.1.architecture",
+    ),
+    Case(
+        "check-mixer: options for a hybrid",
+        ("check-mixer", "mamba+attention", "--set", "d_state=4"),
+        "--set",
+    ),
     Case("plugin: missing file", ("--plugin", "nosuch.py", "models", "list"), "--plugin"),
     Case(
         "plugin: raises on import",

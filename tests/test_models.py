@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mecheval.contract import CHECKS, run_checks
+from mecheval.contract import CHECKS, make_model, run_checks
 from mecheval.errors import ConfigError
 from mecheval.models import ARCHITECTURES, ModelConfig, build_model
 
@@ -87,6 +87,21 @@ def test_unknown_mixer_option_names_the_field() -> None:
 
 def test_a_good_mixer_passes_every_check_including_the_engine() -> None:
     assert all(r.passed for r in run_checks("based")), run_checks("based")
+
+
+@pytest.mark.parametrize("hybrid", ["mamba+attention~hyena", "attention~mamba+gated_deltanet"])
+def test_a_hybrid_by_name_passes_every_check(hybrid: str) -> None:
+    """``check-mixer mamba+attention~hyena``: the contract on a model of those layers (a
+    parallel layer's branches joined by ~), each with its default options."""
+    results = run_checks(hybrid)
+    assert [r.name for r in results] == list(CHECKS)
+    assert all(r.passed for r in results), [r for r in results if not r.passed]
+    model = make_model(hybrid)
+    assert [layer.mixer.__class__.__name__ for layer in model.layers] == (
+        ["Mamba", "ParallelMixer"]
+        if hybrid.startswith("mamba")
+        else ["ParallelMixer", "GatedDeltaNet"]
+    )
 
 
 def test_device_is_the_parameters_device() -> None:

@@ -83,7 +83,13 @@ def _hybrid_layers(text: str) -> dict:
 
 @app.command("check-mixer")
 def check_mixer(
-    name: Annotated[str, typer.Argument(help="a registered architecture (see models list)")],
+    name: Annotated[
+        str,
+        typer.Argument(
+            help="a registered architecture (see models list), or a hybrid's layers joined "
+            "by + (a parallel layer's branches by ~): mamba+attention~hyena"
+        ),
+    ],
     option: Annotated[
         list[str] | None,
         typer.Option(
@@ -92,7 +98,8 @@ def check_mixer(
     ] = None,
 ) -> None:
     """Run the architecture contract on NAME: shapes, causality, batch independence, query
-    logits, gradients, sites, site patching, and the intervention engine. Exit 1 on a failure."""
+    logits, gradients, sites, site patching, resuming, and the intervention engine. Exit 1 on
+    a failure. A hybrid's layers take their default options."""
     import yaml
 
     from mecheval.contract import run_checks

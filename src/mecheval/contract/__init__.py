@@ -1,6 +1,7 @@
 """The contract every architecture must meet, as checks runnable on any registered mixer.
 
-``mecheval check-mixer NAME`` runs them on a built-in or a plugin architecture, and the test
+``mecheval check-mixer NAME`` runs them on a built-in or a plugin architecture (or a hybrid's
+layers, ``mamba+attention~hyena``: :func:`~mecheval.models.config.layers_named`), and the test
 suite runs them on every registered one (tests/test_models.py). It uses models, tasks and
 interventions together, so it sits above all three, beside experiments. Each check builds small
 models itself and raises :class:`CheckFailed` with a one-line reason. What they guard:
@@ -62,6 +63,8 @@ from mecheval.contract.forward import (
 )
 from mecheval.contract.interchange import check_interchange
 from mecheval.contract.patching import check_resume, check_site_patching, check_sites
+from mecheval.errors import ConfigError
+from mecheval.models.config import layers_named
 from mecheval.models.registry import parse_options
 
 __all__ = [
@@ -98,7 +101,13 @@ CHECKS: dict[str, Callable[[str, Mapping[str, Any] | None], str]] = {
 def run_checks(arch: str, options: Mapping[str, Any] | None = None) -> list[CheckResult]:
     """Run every check on ``arch``; a check that raises anything fails with that reason."""
     # An unknown name or a bad option is a usage error, not a failed check.
-    parse_options(arch, dict(options or {}))
+    layers = layers_named(arch)
+    if layers is None:
+        parse_options(arch, dict(options or {}))
+    elif options:
+        raise ConfigError(f"--set: {arch} is a hybrid; its layers take their default options")
+    else:
+        make_model(arch)  # a layer of no registered architecture: one line naming it
     results = []
     for name, check in CHECKS.items():
         start = time.perf_counter()

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from mecheval.models.backbone import LanguageModel, build_model
-from mecheval.models.config import ModelConfig
+from mecheval.models.config import ModelConfig, layers_named
 
 VOCAB = 23
 MAX_LEN = 48
@@ -33,15 +33,13 @@ def make_model(
 ) -> LanguageModel:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        cfg = ModelConfig(
-            architecture=arch,
-            d_model=d_model,
-            n_layers=n_layers,
-            vocab_size=VOCAB,
-            max_len=MAX_LEN,
-            mixer=dict(options or {}),
-            **config,
+        layers = layers_named(arch)  # a hybrid's layers, each with its default options
+        shape = (
+            {"layers": layers}
+            if layers is not None
+            else {"architecture": arch, "n_layers": n_layers, "mixer": dict(options or {})}
         )
+        cfg = ModelConfig(d_model=d_model, vocab_size=VOCAB, max_len=MAX_LEN, **shape, **config)
         return build_model(cfg).eval()
 
 

@@ -17,8 +17,7 @@ from mecheval.contract.fixtures import (
     random_tokens,
     require,
 )
-from mecheval.models.config import layers_named
-from mecheval.models.registry import get_architecture
+from mecheval.models.backbone import layer_architectures
 from mecheval.models.sites import Site, get_site, iter_sites, site_names
 
 
@@ -28,11 +27,9 @@ def check_sites(arch: str, options: Mapping[str, Any] | None = None) -> str:
     require(len(names) == len(set(names)), "site names are not unique")
     expected = {"final_norm.input"}
     # A block is its architecture's (a parallel layer's: its first branch's), MLP or none.
-    layers = layers_named(arch) or [arch, arch]
-    blocks = [layer if isinstance(layer, str) else layer["parallel"][0] for layer in layers]
-    for i, block in enumerate(blocks):
+    for i, branches in enumerate(layer_architectures(model.config)):
         expected |= {f"layers.{i}.{s}" for s in ("input", "output", "mixer.input", "mixer.output")}
-        if get_architecture(block).mlp:
+        if branches[0].mlp:
             expected |= {f"layers.{i}.mlp.input", f"layers.{i}.mlp.output"}
     absent = sorted(expected - set(names))
     require(not absent, f"missing sites: {', '.join(absent)}")

@@ -251,18 +251,19 @@ def interchange(
     batch = _Rows(positions, original, corrupted, s_corr, chunk)
     restored: dict[str, torch.Tensor] = {}  # by the block boundary a site is read at
     for site in sites if roles else []:
+        boundary = _boundary(model, site)
         if site in state_sites:
             layer = state_site_layer(site)
             scores = _restore_states(model, layer, source, prefix, batch)
-        elif _boundary(model, site) in restored:
-            scores = restored[_boundary(model, site)]
+        elif boundary in restored:
+            scores = restored[boundary]
         else:
             start, first, direct = restarts[site]
             tail = not _in_last_block_tail(model, site)
             sp = _SitePatch(model, site, base, prefix, corrupted.tokens, start, first, tail)
             strategy = chunk_strategy(start, direct, resume)
             scores = _restore_site(sp, strategy, source[site], batch)
-            restored[_boundary(model, site)] = scores
+            restored[boundary] = scores
         _collect(site, scores, metrics, roles, n, s_orig, s_corr, rows, per_example)
     return assemble(rows, per_example)
 

@@ -67,18 +67,6 @@ class LayerConfig(BaseModel):
         return PARALLEL_JOIN.join(branch.name for branch in self.parallel)
 
 
-def layers_named(name: str) -> list[Any] | None:
-    """A hybrid's ``model.layers`` from its name (``mamba+attention~hyena`` -> ``["mamba",
-    {"parallel": ["attention", "hyena"]}]``, each layer with its default options); None for
-    the name of one architecture."""
-    if HYBRID_JOIN not in name and PARALLEL_JOIN not in name:
-        return None
-    return [
-        {"parallel": part.split(PARALLEL_JOIN)} if PARALLEL_JOIN in part else part
-        for part in name.split(HYBRID_JOIN)
-    ]
-
-
 def _names_as_layers(v: Any) -> Any:
     if isinstance(v, list):
         return [{"architecture": x} if isinstance(x, str) else x for x in v]
@@ -183,3 +171,15 @@ def layers_name(layers: list[Any]) -> str:
     """The architecture name a ``model.layers`` value gives a model (``mamba+attention``;
     one name where all layers are alike), as ModelConfig sets it."""
     return validate(ModelConfig, {"layers": layers}, prefix="model").architecture
+
+
+def layers_named(name: str) -> list[Any] | None:
+    """A hybrid's ``model.layers`` from its name (``mamba+attention~hyena`` -> ``["mamba",
+    {"parallel": ["attention", "hyena"]}]``, each layer with its default options); None for
+    the name of one architecture."""
+    if HYBRID_JOIN not in name and PARALLEL_JOIN not in name:
+        return None
+    return [
+        {"parallel": part.split(PARALLEL_JOIN)} if PARALLEL_JOIN in part else part
+        for part in name.split(HYBRID_JOIN)
+    ]

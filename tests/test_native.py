@@ -116,6 +116,34 @@ def test_float32_kernel_against_float64_reference(log_delta_scale: float) -> Non
         torch.testing.assert_close(a.double(), b, rtol=1e-3, atol=1e-4 * float(b.abs().max()))
 
 
+def test_the_vectorised_build_equals_the_scalar_one_bit_for_bit(
+    fresh_native: Path, monkeypatch
+) -> None:
+    """-fno-trapping-math lets gcc vectorise the scan's loops; every output and gradient is
+    the build without it (loops kept scalar) bit for bit, decays below float32's normals and
+    a NaN included."""
+    needs_compiler()
+    x, delta, A, B, C = _inputs(torch.float32, 3.0)
+    with torch.no_grad():
+        delta[1, 4, 20] = float("nan")
+    w = torch.randn(x.shape, generator=torch.Generator().manual_seed(6))
+
+    def scan() -> list[torch.Tensor]:
+        monkeypatch.setattr(native, "_loaded", {})
+        y = selective_scan(x, delta, A, B, C, torch.zeros(40))
+        return [y.detach(), *torch.autograd.grad((y * w).sum(), (x, delta, A, B, C))]
+
+    vectorised = scan()
+    monkeypatch.setattr(
+        native, "FLAGS", tuple(f for f in native.FLAGS if f != "-fno-trapping-math")
+    )
+    scalar = scan()
+    assert len(list(fresh_native.glob("selective_scan-f32-*.so"))) == 2  # two builds ran
+    for a, b in zip(vectorised, scalar, strict=True):
+        assert torch.equal(a.isnan(), b.isnan())
+        assert torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
 def test_nan_reaches_the_output_and_the_gradients() -> None:
     """A diverging run must show up as NaN (training records it as failed), not be clamped
     away by the kernel's exp: a NaN decay rate (A) reaches its channel's outputs only through

@@ -37,7 +37,18 @@ import torch
 SOURCES = Path(__file__).parent / "csrc"
 
 #: Flags of every build; the float64 build adds ``-DREAL_DOUBLE`` (the sources' ``real`` type).
-FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-std=c11")
+#: ``-fno-trapping-math``: without it gcc keeps the selective scan's loops scalar (a float
+#: comparison in exp_r might trap, so it is not if-converted); no trap is ever enabled, and
+#: every result is bit for bit the scalar loops' (tests/test_native.py), about 3.5x faster.
+FLAGS = (
+    "-O3",
+    "-march=native",
+    "-fopenmp-simd",
+    "-fno-trapping-math",
+    "-fPIC",
+    "-shared",
+    "-std=c11",
+)
 
 #: The kernels in csrc/, one source file each.
 KERNELS = ("selective_scan", "vandermonde", "long_conv", "shift_kernel", "gla")

@@ -25,7 +25,8 @@ static inline real exp_r(real x) { return exp(x); }
  * the normal range (a decay below 1e-38 counts as 1e-38); NaN passes through. Written
  * without branches or library calls (floorf, or a result computed in one arm of a
  * conditional, would keep gcc from vectorising the loops that call it): k is rounded by
- * adding and subtracting 1.5 * 2^23. */
+ * adding and subtracting 1.5 * 2^23. The comparisons still need -fno-trapping-math (native.py
+ * builds with it) before gcc turns them into selects and vectorises the loops. */
 static inline real exp_r(real x) {
     real c = x > 88.0f ? 88.0f : (x < -87.0f ? -87.0f : x);
     c = c == c ? c : 0.0f;

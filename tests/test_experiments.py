@@ -22,7 +22,7 @@ from mecheval.experiments.execution.scheduling import (
 )
 from mecheval.experiments.grid import SweepSpec, expand, load_sweep
 from mecheval.experiments.mechanisms import InterventionPlan
-from mecheval.experiments.plan import plan_runs, run_values, with_overrides
+from mecheval.experiments.plan import plan_runs, restrict, run_values, with_overrides
 from mecheval.experiments.runners import make_jobs, run_sweep
 from mecheval.experiments.store import load_results
 from mecheval.models.sites import describe_site, parse_site, resolve_site
@@ -124,6 +124,49 @@ def test_each_source_of_a_value_wins_over_the_ones_before_it() -> None:
         with_overrides(spec, {"training.batch_size": 2})
     # Runtime fields keep the sweep's folder.
     assert with_overrides(spec, {"training.threads": 1}).name == "order"
+
+
+def test_a_further_grid_joins_the_sweep_with_its_own_values() -> None:
+    """``also``: its runs follow the sweep's own, each grid's ``set`` over the sweep's, the
+    command line's values over both; a field any grid varies cannot be set; a subset cuts
+    every grid."""
+    spec = SweepSpec(
+        name="parts",
+        base={"preset": "tiny", "task": "ar"},
+        set={"training.eval_every": 8, "training.lr": 2e-3},
+        grid={"model.architecture": ["mamba", "attention"]},
+        also=[
+            {"set": {"training.lr": 4e-3}, "grid": {"model.layers": [["mamba", "attention"]]}},
+            {"grid": {"model.n_layers": [3], "training.seed": [0, 1]}},
+        ],
+    )
+    planned = plan_runs(spec)
+    assert [run.cfg.name for run in planned] == [
+        "mamba",
+        "attention",
+        "mamba+attention",
+        "L3-s0",
+        "L3-s1",
+    ]
+    assert [run.cfg.training.lr for run in planned] == [2e-3, 2e-3, 4e-3, 2e-3, 2e-3]
+    assert {run.cfg.training.eval_every for run in planned} == {8}
+    assert [run.cfg.model.n_layers for run in planned] == [2, 2, 2, 3, 3]
+    mine = with_overrides(spec, {"training.lr": 5e-3})
+    assert [run.cfg.training.lr for run in plan_runs(mine)] == [5e-3] * 5
+    with pytest.raises(ConfigError, match=r"--set training.seed: the sweep's grid varies"):
+        with_overrides(spec, {"training.seed": 2})
+    one_seed = restrict(spec, "parts", {"--seeds": [1]})
+    assert [run.name for run in expand(one_seed)] == [
+        "mamba-s1",
+        "attention-s1",
+        "mamba+attention-s1",
+        "L3-s1",
+    ]
+    with pytest.raises(ConfigError, match="--seeds: 2 not in the grid"):
+        restrict(spec, "parts", {"--seeds": [0, 2]})
+    clash = SweepSpec(name="clash", grid=spec.grid, also=[{"grid": spec.grid}])
+    with pytest.raises(ConfigError, match="two runs would both be named 'mamba'"):
+        expand(clash)
 
 
 def test_bad_sweep_spec_is_one_line(tmp_path) -> None:

@@ -279,14 +279,38 @@ def test_the_hybrids_experiment_pairs_every_architecture_under_one_recipe() -> N
         for a in parts
         for b in parts
     ]
-    assert [run.name for run in runs] == expected
-    cfgs = plan_runs(experiment.sweep("quick"), Path("unused"))
+    assert [run.name for run in runs[:50]] == expected
+    cfgs = plan_runs(experiment.sweep("quick"), Path("unused"))[:50]
     recipes = {(c.cfg.training.lr, c.cfg.training.epochs, c.cfg.model.d_model) for c in cfgs}
     assert recipes == {(3e-3, 2, 64)}
+    assert {(c.cfg.task.n_pairs, c.cfg.model.n_layers) for c in cfgs} == {(4, 2)}
     assert {c.cfg.training.stop_at_accuracy for c in cfgs} == {0.99}
-    assert len(expand(experiment.sweep("paper"))) == 50 * 7  # d = 64, the paper's seven LRs
+    assert len(expand(experiment.sweep("paper"))) == 65 * 7  # d = 64, the paper's seven LRs
     with pytest.raises(ConfigError, match="takes no --archs"):
         experiment.sweep("quick", archs=["mamba"])
+
+
+def test_the_hybrids_put_attention_at_each_depth_of_four() -> None:
+    experiment = get_experiment("hybrids")
+    runs = plan_runs(experiment.sweep("quick"), Path("unused"))[50:]
+    names = [run.cfg.model.architecture for run in runs]
+    assert len(names) == len(set(names)) == 15
+    for other in ("mamba", "gated_deltanet"):
+        for depth in range(4):
+            layers = [other] * 4
+            layers[depth] = "attention"
+            assert "+".join(layers) in names
+    assert "mamba+mamba+attention~mamba+mamba" in names
+    tasks = {(r.cfg.task.kind, r.cfg.task.n_pairs, r.cfg.model.n_layers) for r in runs}
+    assert tasks == {("mqar", 8, 4)}
+    assert runs[1].run_dir.name == "mqar-mamba-d64-pairs8"  # apart from the two-layer Mamba
+    # One epoch of 3,126 steps, each run stopped at 99 % dev accuracy once it learns.
+    assert {(r.cfg.training.epochs, r.cfg.training.stop_at_accuracy) for r in runs} == {(1, 0.99)}
+    # A user's tasks keep the part's own: AR alone runs no four-layer model.
+    assert len(expand(experiment.sweep("quick", tasks=["ar"]))) == 25
+    assert len(expand(experiment.sweep("quick", tasks=["mqar"]))) == 25 + 15
+    paper = plan_runs(experiment.sweep("paper"), Path("unused"))[50 * 7 :]
+    assert {(r.cfg.task.n_pairs, r.cfg.model.n_layers) for r in paper} == {(16, 4)}
 
 
 def test_models_list_counts_a_hybrid(monkeypatch, capsys) -> None:
@@ -298,22 +322,6 @@ def test_models_list_counts_a_hybrid(monkeypatch, capsys) -> None:
     assert f"{expected:,}" in row and "layers.1.mlp.output" in out
     code, _, err = run_cli(monkeypatch, capsys, "models", "list", "--layers", "[mamba, mambo]")
     assert code == 2 and "model.layers.1.architecture: unknown 'mambo'" in err
-
-
-def test_the_deep_hybrids_put_attention_at_each_depth() -> None:
-    runs = plan_runs(get_experiment("deep-hybrids").sweep("quick"), Path("unused"))
-    names = [run.cfg.model.architecture for run in runs]
-    assert len(names) == len(set(names)) == 15
-    for other in ("mamba", "gated_deltanet"):
-        for depth in range(4):
-            layers = [other] * 4
-            layers[depth] = "attention"
-            assert "+".join(layers) in names
-    assert "mamba+mamba+attention~mamba+mamba" in names
-    tasks = {(r.cfg.task.kind, r.cfg.task.n_pairs, r.cfg.model.n_layers) for r in runs}
-    assert tasks == {("mqar", 8, 4)}
-    # One epoch of 3,126 steps, each run stopped at 99 % dev accuracy once it learns.
-    assert {(r.cfg.training.epochs, r.cfg.training.stop_at_accuracy) for r in runs} == {(1, 0.99)}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

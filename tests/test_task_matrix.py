@@ -247,6 +247,8 @@ def test_label_records_read_the_runs_folders(tmp_path) -> None:
         "task": "mqar",
         "short conv": None,
         "architecture": "attention",
+        "layers": 2,
+        "pairs": 2,  # tiny MQAR's
         "status": "done",
         "reason": "",
         "dev accuracy": None,

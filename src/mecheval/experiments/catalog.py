@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mecheval.errors import ConfigError
-from mecheval.experiments.grid import TASK_AXIS, SweepSpec
+from mecheval.experiments.grid import TASK_AXIS, GridPart, SweepSpec
 from mecheval.experiments.mechanisms import InterventionPlan
 from mecheval.interventions.attribution import METHODS
 from mecheval.models import get_architecture
@@ -27,6 +27,22 @@ from mecheval.tasks import get_task
 from mecheval.training.presets import QUICK_EPOCHS, check_preset
 
 PAPER_WIDTHS = [16, 32, 64, 128, 256]
+
+
+ARCHITECTURE = "model.architecture"
+
+
+@dataclass(frozen=True)
+class Part:
+    """A further grid of an experiment, with its own values for every run of it (``fixed``,
+    then ``fixed_at`` the preset's) and its own quick and tiny grid values (as the
+    experiment's)."""
+
+    grid: dict[str, list[Any]]
+    fixed: dict[str, Any] | None = None
+    fixed_at: dict[str, dict[str, Any]] | None = None
+    quick_grid: dict[str, list[Any]] | None = None
+    tiny_grid: dict[str, list[Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +70,9 @@ class Experiment:
     #: which architectures the experiment can train (None: any); its default and
     #: ``--archs all`` keep these only
     accepts: Callable[[str], bool] | None = None
+    #: further grids, run and reported with the experiment's own (SweepSpec.also): models
+    #: too unlike its own to share one product
+    also: tuple[Part, ...] = ()
 
     def sweep(
         self, preset: str, archs: list[str] | None = None, tasks: list[str] | None = None
@@ -64,26 +83,20 @@ class Experiment:
         tasks where it has a task axis (any registered task). A slice of its grid (``--widths``
         and the like) is cut where runs are planned (experiments/plan.py)."""
         check_preset(preset)
-        paper = preset == "paper"
-        paper_lrs = list(get_task(self.task).paper_lrs)
-        grid = dict(self.grid)
         if archs == ["all"]:
             archs = [
                 a for a in available_architectures() if self.accepts is None or self.accepts(a)
             ]
-        if tasks is not None:
-            grid[TASK_AXIS] = self._task_axis(grid, tasks)
-        if archs is not None:
-            grid["model.architecture"] = self._architectures(grid, archs)
-        if paper:
-            grid.setdefault("model.d_model", PAPER_WIDTHS)
-            grid.setdefault("training.lr", paper_lrs)
-        else:
-            grid.update(self.quick_grid or {})
-        if preset == "tiny":  # the user's --archs and --tasks stand
-            chosen = {"model.architecture": archs, TASK_AXIS: tasks}
-            grid.update({k: v for k, v in (self.tiny_grid or {}).items() if chosen.get(k) is None})
-        running = set(grid.get("model.architecture", []))
+        grid = self._grid_at(self.grid, preset, archs, tasks)
+        also = []
+        for part in self.also:
+            if tasks is not None and not set(part.grid.get(TASK_AXIS, [self.task])) & set(tasks):
+                continue  # a part runs where the user chose one of its tasks
+            values = {**(part.fixed or {}), **(part.fixed_at or {}).get(preset, {})}
+            also.append(
+                GridPart(set=values, grid=self._grid_at(part.grid, preset, archs, tasks, part))
+            )
+        running = {a for g in (grid, *(p.grid for p in also)) for a in g.get(ARCHITECTURE, [])}
         per_architecture = (self.per_architecture_at or {}).get(preset, {})
         return SweepSpec(
             name=f"{self.name}-{preset}",
@@ -91,7 +104,38 @@ class Experiment:
             set={**(self.fixed or {}), **(self.fixed_at or {}).get(preset, {})},
             grid=grid,
             per_architecture={a: o for a, o in per_architecture.items() if a in running},
+            also=also,
         )
+
+    def _grid_at(
+        self,
+        grid: dict[str, list[Any]],
+        preset: str,
+        archs: list[str] | None,
+        tasks: list[str] | None,
+        part: Part | None = None,
+    ) -> dict[str, list[Any]]:
+        """One of the experiment's grids (its own, or ``part``'s) at ``preset``, with the
+        user's ``tasks`` (a part keeps those of its own) and ``archs``: the paper's widths and
+        LRs where it sets none at ``paper``, else the quick grid's values, and at ``tiny`` the
+        tiny grid's (the user's archs and tasks stand)."""
+        own = part or self
+        grid = dict(grid)
+        if tasks is not None and part is None:
+            grid[TASK_AXIS] = self._task_axis(grid, tasks)
+        elif tasks is not None and TASK_AXIS in grid:
+            grid[TASK_AXIS] = [t for t in grid[TASK_AXIS] if t in tasks]
+        if archs is not None:
+            grid[ARCHITECTURE] = self._architectures(grid, archs)
+        if preset == "paper":
+            grid.setdefault("model.d_model", PAPER_WIDTHS)
+            grid.setdefault("training.lr", list(get_task(self.task).paper_lrs))
+        else:
+            grid.update(own.quick_grid or {})
+        if preset == "tiny":  # the user's --archs and --tasks stand
+            chosen = {ARCHITECTURE: archs, TASK_AXIS: tasks}
+            grid.update({k: v for k, v in (own.tiny_grid or {}).items() if chosen.get(k) is None})
+        return grid
 
     def _task_axis(self, grid: dict[str, list[Any]], tasks: list[str]) -> list[str]:
         """``--tasks``, checked: the experiment has a task axis, and every kind is known."""
@@ -462,15 +506,18 @@ def _two_layers() -> list[list[str]]:
 
 def _hybrids() -> Experiment:
     """Every ordered pair of HYBRID_PARTS as a two-layer model (the pure forms among them),
-    on AR and MQAR, one recipe for all: which layer, of which architecture, carries the
-    retrieval (a hybrid's label names it)."""
+    on AR and MQAR, and four-layer models on MQAR with more pairs (:func:`_deep_hybrids`), one
+    recipe for all: which layer, of which architecture, carries the retrieval (a hybrid's
+    label names it)."""
     # At quick and tiny: the LR that suits the recurrent mixers (AR's quick LRs) for every
     # model, two epochs, stopped at 99 % dev accuracy as the task matrix is.
     recipe = {"training.lr": 3e-3, "training.epochs": 2}
     return Experiment(
         "hybrids",
-        "Two-layer hybrids: every ordered pair of attention, Mamba, DeltaNet, Gated DeltaNet "
-        "and Hyena (pure forms included) on AR and MQAR, and which layer carries the retrieval",
+        "Hybrids: every ordered pair of attention, Mamba, DeltaNet, Gated DeltaNet and Hyena "
+        "as two layers (pure forms included) on AR and MQAR, and one attention (or parallel "
+        "attention + Mamba) layer at each depth of four on MQAR with more pairs: which layer "
+        "carries the retrieval",
         "ar",
         {TASK_AXIS: ["ar", "mqar"], "model.layers": _two_layers(), "model.d_model": [64]},
         ("ar-restore", "mqar-restore"),
@@ -481,6 +528,10 @@ def _hybrids() -> Experiment:
             "model.layers": [["mamba", "attention"], ["attention", "mamba"], ["hyena"] * 2],
             "model.d_model": [16],
         },
+        # Which layer carries the retrieval is read at the block boundaries (and a parallel
+        # layer's branch outputs): the other sites' restores would take most of the time.
+        plan=InterventionPlan(scope="boundaries"),
+        also=(_deep_hybrids(),),
     )
 
 
@@ -505,39 +556,31 @@ def _reassign_hybrids() -> Experiment:
     )
 
 
-def _deep_hybrids() -> Experiment:
-    """Four-layer models on MQAR with more pairs than the quick preset's: one attention layer
-    at each depth among Mamba or Gated DeltaNet layers, one parallel attention + Mamba layer
-    at each depth among Mamba layers, and the pure forms: where does attention take over?"""
+def _deep_hybrids() -> Part:
+    """Four-layer models on MQAR with twice the preset's pairs (more than a small state
+    holds): one attention layer at each depth among Mamba or Gated DeltaNet layers, one
+    parallel attention + Mamba layer at each depth among Mamba layers, and the pure forms:
+    where does attention take over? Their pairs name their runs apart from the two-layer
+    models' (``mqar-mamba-d64-pairs8``)."""
     layers: list[list[Any]] = [["attention"] * 4]
     for other in ("mamba", "gated_deltanet"):
         layers.append([other] * 4)
         layers += [[other] * k + ["attention"] + [other] * (3 - k) for k in range(4)]
     parallel = {"parallel": ["attention", "mamba"]}
     layers += [["mamba"] * k + [parallel] + ["mamba"] * (3 - k) for k in range(4)]
-    return Experiment(
-        "deep-hybrids",
-        "Four-layer hybrids on MQAR with twice the quick preset's pairs: one attention (or "
-        "parallel attention + Mamba) layer at each depth among Mamba or Gated DeltaNet layers",
-        "mqar",
-        {"model.layers": layers, "model.d_model": [64]},
-        ("mqar-restore",),
-        fixed={"training.stop_at_accuracy": MATRIX_STOP_AT},
+    return Part(
+        {TASK_AXIS: ["mqar"], "model.layers": layers, "model.d_model": [64], "task.n_pairs": [16]},
         fixed_at={
             # One epoch: every model that learns stops by step 1,500 of its 3,126 at 99 %
             # dev accuracy, and the 15 labels equal two epochs' (docs/hybrids.md).
-            "quick": {
-                "training.lr": 3e-3,
-                "training.epochs": 1,
-                "task.n_pairs": 8,
-                "task.seq_len": 32,
-            },
-            "tiny": {"training.lr": 3e-3},
+            "quick": {"training.epochs": 1, "task.seq_len": 32},
         },
-        # Which layer carries the retrieval is read at the block boundaries (and a parallel
-        # layer's branch outputs): the other sites' restores would take most of the time.
-        plan=InterventionPlan(scope="boundaries"),
-        tiny_grid={"model.layers": [layers[0], layers[3], layers[-1]], "model.d_model": [16]},
+        quick_grid={"task.n_pairs": [8]},
+        tiny_grid={
+            "model.layers": [layers[0], layers[3], layers[-1]],
+            "model.d_model": [16],
+            "task.n_pairs": [2],
+        },
     )
 
 
@@ -554,7 +597,6 @@ def _catalog() -> dict[str, Experiment]:
         *_matrices(archs, conv_archs),
         _hybrids(),
         _reassign_hybrids(),
-        _deep_hybrids(),
     ]
     return {e.name: e for e in experiments}
 

@@ -14,12 +14,17 @@ A sweep spec (YAML)::
       training.seed: [0, 1]
     per_architecture:          # optional overrides applied to runs of one architecture
       mamba: {training.lr: 3e-3}
+    also:                      # optional further grids, each with its own set: their runs
+      - set: {task.n_pairs: 8} #   join the sweep's (one folder, one report)
+        grid: {model.n_layers: [4]}
 
 With a preset base, the grid may also vary ``task`` (task kinds): each run then starts from
 that task's preset (``task: [ar, mqar]``; the task-by-architecture matrix does this).
 
 Each point of the product becomes one run with a readable, stable name built from the grid
-values in spec order, e.g. ``mamba-d64-lr1e-3-s0``. The user's documentation of the format:
+values in spec order, e.g. ``mamba-d64-lr1e-3-s0``; the runs of ``also``'s grids follow, each
+grid's ``set`` over the sweep's (runs of models too unlike to share one product, in one
+folder and one report). The user's documentation of the format:
 docs/sweeps.md, with configs/sweep-example.yaml.
 """
 
@@ -60,6 +65,27 @@ NAME_PREFIXES: dict[str, str] = {
 }
 
 
+def _each_has_values(grid: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    for key, values in grid.items():
+        if not values:
+            raise ValueError(f"grid.{key}: expected at least one value")
+    return grid
+
+
+class GridPart(BaseModel):
+    """A further grid of a sweep (``also``): its runs take its ``set`` over the sweep's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    set: dict[str, Any] = Field(default_factory=dict)
+    grid: dict[str, list[Any]] = Field(min_length=1)
+
+    @field_validator("grid")
+    @classmethod
+    def _non_empty(cls, grid: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        return _each_has_values(grid)
+
+
 class SweepSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -68,14 +94,21 @@ class SweepSpec(BaseModel):
     set: dict[str, Any] = Field(default_factory=dict)
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     per_architecture: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    also: list[GridPart] = Field(default_factory=list)
 
     @field_validator("grid")
     @classmethod
     def _non_empty(cls, grid: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        for key, values in grid.items():
-            if not values:
-                raise ValueError(f"grid.{key}: expected at least one value")
-        return grid
+        return _each_has_values(grid)
+
+    def parts(self) -> list[GridPart]:
+        """Every grid of the sweep, in order: its own (with no ``set`` of its own), then
+        ``also``'s."""
+        return [GridPart.model_construct(set={}, grid=self.grid), *self.also]
+
+    def varies(self, key: str) -> bool:
+        """Whether one of the sweep's grids has ``key`` as an axis."""
+        return any(key in part.grid for part in self.parts())
 
 
 #: The grid key that varies the task kind of a preset base (not a dotted config path).
@@ -85,12 +118,13 @@ TASK_AXIS = "task"
 @dataclass(frozen=True)
 class RunSpec:
     """One point of a sweep: its run's name, the grid's values there (dotted keys, and the
-    ``task`` axis) and the architecture whose ``per_architecture`` entry applies (None: no
-    run of the sweep names one)."""
+    ``task`` axis), the architecture whose ``per_architecture`` entry applies (None: no
+    run of the sweep names one) and the ``set`` of the grid it is a point of (``also``'s)."""
 
     name: str
     point: dict[str, Any] = field(default_factory=dict)
     architecture: str | None = None
+    part_set: dict[str, Any] = field(default_factory=dict)
 
     @property
     def task(self) -> str | None:
@@ -121,22 +155,25 @@ def name_part(key: str, value: Any) -> str:
 
 
 def expand(spec: SweepSpec) -> list[RunSpec]:
-    """The grid's points in order, each named from its values; what each run's config is
-    made of is merged in experiments/plan.py."""
-    keys = list(spec.grid)
+    """The points of the sweep's grids in order, each named from its values; what each run's
+    config is made of is merged in experiments/plan.py."""
     runs: list[RunSpec] = []
     seen: set[str] = set()
     architectures: set[str] = set()
-    fixed = spec.set.get("model.architecture", spec.base.get("model", {}).get("architecture"))
-    for values in itertools.product(*(spec.grid[k] for k in keys)):
-        point = dict(zip(keys, values, strict=True))
-        arch = point.get("model.architecture", fixed)
-        architectures.add(str(arch))
-        name = "-".join(name_part(k, v) for k, v in point.items()) or spec.name
-        if name in seen:
-            raise ConfigError(f"grid: two runs would both be named {name!r}")
-        seen.add(name)
-        runs.append(RunSpec(name, point, None if arch is None else str(arch)))
+    for part in spec.parts():
+        keys = list(part.grid)
+        fixed = {**spec.set, **part.set}.get(
+            "model.architecture", spec.base.get("model", {}).get("architecture")
+        )
+        for values in itertools.product(*(part.grid[k] for k in keys)):
+            point = dict(zip(keys, values, strict=True))
+            arch = point.get("model.architecture", fixed)
+            architectures.add(str(arch))
+            name = "-".join(name_part(k, v) for k, v in point.items()) or spec.name
+            if name in seen:
+                raise ConfigError(f"grid: two runs would both be named {name!r}")
+            seen.add(name)
+            runs.append(RunSpec(name, point, None if arch is None else str(arch), part.set))
     for arch in spec.per_architecture:
         if arch not in architectures:
             # A misspelt name would otherwise leave its runs without their overrides.

@@ -8,8 +8,9 @@ written out as text and parsed back). Later sources win:
 1. the preset's config for the run's task and architecture (a ``base`` of ``{preset, task}``),
    or the base config the sweep writes out;
 2. the other sections of the sweep's ``base``;
-3. the sweep's ``set``: an experiment's fixed values, then its preset's; the command line's
-   ``--set``, ``--device`` and ``--compile`` (:func:`with_overrides`);
+3. the sweep's ``set``: an experiment's fixed values, then its preset's; then the ``set`` of
+   the grid the run is a point of (a sweep's ``also``); the command line's ``--set``,
+   ``--device`` and ``--compile`` (:func:`with_overrides`) over both;
 4. the sweep's ``per_architecture`` entry for the run's architecture;
 5. the run's point of the grid, which also names the run (``mamba-d64-lr1e-3``).
 
@@ -68,11 +69,11 @@ def base_config(spec: SweepSpec, architecture: str | None, task_kind: str | None
 
 
 def run_values(spec: SweepSpec, run: RunSpec) -> dict[str, Any]:
-    """Sources 3 to 5 of one run, as dotted keys: the sweep's ``set``, its architecture's
-    ``per_architecture`` entry, its grid point (the ``task`` axis stays out: it picks the
-    preset)."""
+    """Sources 3 to 5 of one run, as dotted keys: the sweep's ``set`` and its grid's, its
+    architecture's ``per_architecture`` entry, its grid point (the ``task`` axis stays out: it
+    picks the preset)."""
     extra = spec.per_architecture.get(str(run.architecture), {})
-    values = {**spec.set, **extra, **run.point}
+    values = {**spec.set, **run.part_set, **extra, **run.point}
     values.pop(TASK_AXIS, None)
     return values
 
@@ -107,7 +108,7 @@ def with_overrides(spec: SweepSpec, values: Mapping[str, Any]) -> SweepSpec:
     experiment's own; runtime fields (device, threads, compile, kernels, log) keep its folder."""
     if not values:
         return spec
-    varied = sorted(key for key in values if key in spec.grid)
+    varied = sorted(key for key in values if spec.varies(key))
     if varied:
         raise ConfigError(
             f"--set {varied[0]}: the sweep's grid varies it (each run keeps its grid value); "
@@ -119,10 +120,15 @@ def with_overrides(spec: SweepSpec, values: Mapping[str, Any]) -> SweepSpec:
         arch: {key: value for key, value in own.items() if key not in values}
         for arch, own in spec.per_architecture.items()
     }
+    also = [
+        part.model_copy(update={"set": {k: v for k, v in part.set.items() if k not in values}})
+        for part in spec.also
+    ]
     return spec.model_copy(
         update={
             "set": {**spec.set, **values},
             "per_architecture": per_architecture,
+            "also": also,
             "name": f"{spec.name}-{suffix}" if suffix else spec.name,
         }
     )
@@ -147,36 +153,41 @@ def check_run_folders(planned: Sequence[ResolvedRun]) -> None:
 
 def restrict(spec: SweepSpec, experiment: str, subset: Mapping[str, list[Any]]) -> SweepSpec:
     """``spec`` with the axes named in ``subset`` (flags of :data:`SUBSET_AXES`) cut to the
-    given values, each checked against what ``spec`` would run.
+    given values, each checked against what ``spec`` would run, in each of its grids.
 
-    An axis in the grid keeps the given values that are in it, in grid order (LRs compared
+    An axis in a grid keeps the given values that are in it, in grid order (LRs compared
     numerically, the grid's own values kept, so run names and configs are the full grid's).
     An axis the grid does not vary (the width and LR at ``quick``/``tiny``) accepts only the
     one value every run uses and leaves the grid alone; where the runs use several
     (``quick``'s per-architecture LR), the flag is an error. Seeds are not an axis of the
     paper's grid (one seed per configuration): ``--seeds`` other than the runs' own seed adds
     the axis, and every run then carries its seed in its name (``-s1``)."""
-    grid = dict(spec.grid)
+    grids = [dict(part.grid) for part in spec.parts()]
     planned: list[ResolvedRun] | None = None
     for flag, values in subset.items():
         key, what = SUBSET_AXES[flag]
         where = f"experiment {experiment!r} at --preset {spec.base.get('preset')}"
         if not values:
             raise ConfigError(f"{flag}: expected at least one value")
-        if key in grid:
-            grid[key] = _kept(flag, values, grid[key], where)
+        for grid in grids:
+            if key in grid:
+                grid[key] = _kept(flag, values, grid[key], where)
+        lacking = [i for i, grid in enumerate(spec.parts()) if key not in grid.grid]
+        if not lacking:
             continue
         planned = planned or plan_runs(spec)
-        used = {_config_value(run.cfg, key) for run in planned}
+        own = [run for run, i in zip(planned, _grid_of_each_run(spec), strict=True) if i in lacking]
+        used = {_config_value(run.cfg, key) for run in own}
         if flag == "--seeds":
             # The paper trains one seed per configuration: more seeds are a new axis (runs then
             # carry an -sN suffix); the one seed the runs use already changes nothing.
             if any(v < 0 for v in values):
                 raise ConfigError(f"--seeds: expected seeds >= 0, got {values}")
             if used != set(values):
-                grid[key] = list(dict.fromkeys(values))
+                for i in lacking:
+                    grids[i][key] = list(dict.fromkeys(values))
         elif len(used) != 1:
-            per_arch = dict.fromkeys((r.architecture, _config_value(r.cfg, key)) for r in planned)
+            per_arch = dict.fromkeys((r.architecture, _config_value(r.cfg, key)) for r in own)
             raise ConfigError(
                 f"{flag}: {where} does not sweep {what}; its runs use "
                 f"{', '.join(f'{a} {_show(v)}' for a, v in per_arch)} "
@@ -184,7 +195,18 @@ def restrict(spec: SweepSpec, experiment: str, subset: Mapping[str, list[Any]]) 
             )
         else:
             _kept(flag, values, list(used), where, f"; it does not sweep {what}")
-    return spec.model_copy(update={"grid": grid})
+    also = [
+        part.model_copy(update={"grid": grid})
+        for part, grid in zip(spec.also, grids[1:], strict=True)
+    ]
+    return spec.model_copy(update={"grid": grids[0], "also": also})
+
+
+def _grid_of_each_run(spec: SweepSpec) -> list[int]:
+    """For each run of ``spec`` in :func:`expand`'s order, the index of its grid in
+    ``spec.parts()``."""
+    sizes = [math.prod(len(values) for values in part.grid.values()) for part in spec.parts()]
+    return [i for i, size in enumerate(sizes) for _ in range(size)]
 
 
 def _kept(flag: str, values: list[Any], allowed: list[Any], where: str, note: str = "") -> list:

@@ -39,12 +39,14 @@ def experiment_sweep(
 
 def report_figures(experiment: Experiment, spec: SweepSpec) -> tuple[str, ...]:
     """The figures ``reproduce`` reports: the experiment's, or where it varies the task (the
-    matrix), each of its tasks' restore figure (``<kind>-restore``) that is registered."""
+    matrix; in any of its grids), each of its tasks' restore figure (``<kind>-restore``)
+    that is registered."""
     from mecheval.report import FIGURES
 
-    if TASK_AXIS not in spec.grid:
+    kinds = dict.fromkeys(k for part in spec.parts() for k in part.grid.get(TASK_AXIS, []))
+    if not kinds:
         return experiment.figures
-    names = (f"{str(kind).replace('_', '-')}-restore" for kind in spec.grid[TASK_AXIS])
+    names = (f"{str(kind).replace('_', '-')}-restore" for kind in kinds)
     return tuple(name for name in names if name in FIGURES)
 
 

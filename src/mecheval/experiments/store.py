@@ -411,12 +411,13 @@ def _fraction_over_seeds(runs: pd.DataFrame, top: str) -> str:
 
 def label_records(experiment_dir: str | Path) -> pd.DataFrame:
     """One row per run for the mechanism matrices: run, task (kind), short conv (the switch's
-    setting, None: the architecture's default), architecture,
-    status, reason, dev and test accuracy (fractions), negative eigenvalues (the mixer's
-    ``allow_neg_eigval``, None where it has none), and from ``mechanism.json`` the label, the
-    accuracy on the documents it was read on (the plan's split), the role that recovers most
-    with its fraction, and a hybrid's carrier (its layer, architecture and what it reads;
-    empty where no label or carrier was written)."""
+    setting, None: the architecture's default), architecture, layers (the model's count),
+    pairs (the task's key-value pairs, None where it has none), status, reason, dev and test
+    accuracy (fractions), negative eigenvalues (the mixer's ``allow_neg_eigval``, None where
+    it has none), and from ``mechanism.json`` the label, the accuracy on the documents it was
+    read on (the plan's split), the role that recovers most with its fraction, and a hybrid's
+    carrier (its layer, architecture and what it reads; empty where no label or carrier was
+    written)."""
     rows = []
     for run_dir in run_dirs(Path(experiment_dir)):
         config = read_config_data(run_dir)
@@ -426,6 +427,8 @@ def label_records(experiment_dir: str | Path) -> pd.DataFrame:
             "task": config["task"]["kind"],
             "short conv": config["model"].get("short_conv"),
             "architecture": config["model"]["architecture"],
+            "layers": config["model"].get("n_layers"),
+            "pairs": config["task"].get("n_pairs"),
             "status": status.get("state"),
             "reason": status_reason(status),
             "dev accuracy": _dev_accuracy(status),

@@ -1,10 +1,12 @@
-"""The two-layer hybrids' matrix: layer 0's architecture (rows) by layer 1's (columns), a
-panel per task, each cell coloured by the architecture of the layer that carries the
-retrieval, with what that layer reads and the model's test accuracy. The pure forms sit on
-the diagonal, carried by their one architecture where they read a retrieval label.
+"""The hybrids' matrix: for two-layer models, layer 0's architecture (rows) by layer 1's
+(columns), a panel per task, each cell coloured by the architecture of the layer that
+carries the retrieval, with what that layer reads and the model's test accuracy; the pure
+forms sit on the diagonal, carried by their one architecture where they read a retrieval
+label. Deeper models follow, a panel per depth and task: a row per model, a cell per layer
+(its architecture), the carrying layer in its architecture's colour.
 
 Input is ``experiments.store.label_records`` (a run's architecture, e.g. ``mamba+attention``,
-its label and its carrier); runs that are not two-layer models are left out.
+its layer count, its label and its carrier).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from mecheval.models.config import HYBRID_JOIN
+from mecheval.models.config import HYBRID_JOIN, PARALLEL_JOIN
 from mecheval.models.registry import architecture_label, architecture_rank
 from mecheval.report.matrix import best_runs
 from mecheval.report.render import FigureResult, md_table
@@ -25,9 +27,10 @@ from mecheval.tasks.readings import RETRIEVAL
 _PALETTE = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3"]
 NO_CARRIER = "#e4e4e4"
 CAPTION = (
-    "Which layer type does the retrieval in each two-layer model: rows are layer 0's "
+    "Which layer type does the retrieval in each model. Two layers: rows are layer 0's "
     "architecture, columns layer 1's; a cell's colour is the architecture of the layer that "
-    "brings the answer to the query, its text what that layer reads and the test accuracy."
+    "brings the answer to the query, its text what that layer reads and the test accuracy. "
+    "Deeper models: a row per model, a cell per layer, the carrying layer coloured."
 )
 
 
@@ -49,9 +52,19 @@ def carried_by(row: pd.Series) -> str | None:
     if is_missing(label):
         return None
     head = str(label).split(";")[0]
-    layers = two_layers(row["architecture"])
-    pure = layers is not None and layers[0] == layers[1]
-    return layers[0] if pure and head in RETRIEVAL.at_label_site.values() else None
+    pure = HYBRID_JOIN not in str(row["architecture"])
+    retrieves = head in RETRIEVAL.at_label_site.values()
+    return str(row["architecture"]) if pure and retrieves else None
+
+
+def _of_depth(records: pd.DataFrame, two: bool) -> pd.DataFrame:
+    """The records of two-layer models (``two``) or of the others: by the ``layers`` count
+    where the records have it, else by the architecture's name."""
+    if "layers" in records.columns:
+        count = records["layers"].map(lambda n: 2 if is_missing(n) else int(n))
+    else:
+        count = records["architecture"].map(lambda a: 2 if two_layers(a) else 0)
+    return records[(count == 2) == two]
 
 
 def layer_cells(records: pd.DataFrame) -> pd.DataFrame:
@@ -59,13 +72,45 @@ def layer_cells(records: pd.DataFrame) -> pd.DataFrame:
     ``layer 1`` and ``carried by``."""
     if records.empty:
         return records
-    best = best_runs(records)
+    best = best_runs(_of_depth(records, two=True))
     layers = best["architecture"].map(two_layers)
     best = best[layers.notna()].copy()
     best["layer 0"] = layers[layers.notna()].map(lambda pair: pair[0])
     best["layer 1"] = layers[layers.notna()].map(lambda pair: pair[1])
     best["carried by"] = best.apply(carried_by, axis=1) if len(best) else []
     return best.reset_index(drop=True)
+
+
+def deeper_models(records: pd.DataFrame) -> pd.DataFrame:
+    """The best run (by dev accuracy) of each task and model of other than two layers, in
+    the records' order, with its ``depth``, ``pairs``, ``model`` (its layers' names), the
+    ``layer names`` and ``carried by``."""
+    if records.empty or "layers" not in records.columns:
+        return records.iloc[0:0]
+    deeper = _of_depth(records, two=False)
+    if deeper.empty:
+        return deeper
+    ranked = deeper.assign(
+        _done=deeper["status"] == "done",
+        _dev=deeper["dev accuracy"].astype(float).fillna(-1.0),
+        _order=range(len(deeper)),
+    ).sort_values(["_done", "_dev"], ascending=False, kind="stable")
+    best = ranked.drop_duplicates(["task", "architecture", "layers", "pairs"])
+    best = best.sort_values("_order").drop(columns=["_done", "_dev", "_order"])
+    best = best.assign(depth=best["layers"].astype(int))
+    best["layer names"] = [
+        layer_names(a, d) for a, d in zip(best["architecture"], best["depth"], strict=True)
+    ]
+    best["model"] = ["+".join(names) for names in best["layer names"]]
+    best["carried by"] = best.apply(carried_by, axis=1)
+    return best.reset_index(drop=True)
+
+
+def layer_names(architecture: str, depth: int) -> list[str]:
+    """Each layer's architecture name (a parallel layer's ``attention~mamba``), from the
+    model's name and its layer count (a pure form's one name ``depth`` times)."""
+    parts = str(architecture).split(HYBRID_JOIN)
+    return parts if len(parts) == depth else parts * depth
 
 
 def _axis(cells: pd.DataFrame) -> list[str]:
@@ -82,8 +127,7 @@ def cell_text(row: pd.Series) -> str:
     return f"{row['label']}; " + ("–" if is_missing(accuracy) else f"{100 * accuracy:.1f}")
 
 
-def layer_markdown(cells: pd.DataFrame, name: str) -> str:
-    axis = _axis(cells)
+def layer_markdown(cells: pd.DataFrame, name: str, deeper: pd.DataFrame | None = None) -> str:
     lines = [
         f"## {name}: which layer carries the retrieval",
         "",
@@ -92,6 +136,33 @@ def layer_markdown(cells: pd.DataFrame, name: str) -> str:
         "columns layer 1. Where a cell had several runs, the one with the highest final dev "
         "accuracy.",
     ]
+    if not cells.empty:
+        lines += _pairs_markdown(cells)
+    for title, group in _deeper_groups(deeper):
+        rows = [[f"`{r['model']}`", cell_text(r)] for _, r in group.iterrows()]
+        lines += ["", f"**{title}**", "", *md_table(["model", "label; test accuracy %"], rows)]
+    return "\n".join(lines) + "\n"
+
+
+def _deeper_groups(deeper: pd.DataFrame | None) -> list[tuple[str, pd.DataFrame]]:
+    """The deeper models by depth, task and pairs, each group with its title (``Four
+    layers, MQAR, 8 pairs``)."""
+    if deeper is None or deeper.empty:
+        return []
+    keys = deeper[["depth", "task", "pairs"]].astype(str).agg("/".join, axis=1)
+    groups = []
+    for key in dict.fromkeys(keys):
+        group = deeper[keys == key]
+        first = group.iloc[0]
+        pairs = "" if is_missing(first["pairs"]) else f", {int(first['pairs'])} pairs"
+        title = f"{first['depth']} layers, {task_label(str(first['task']))}{pairs}"
+        groups.append((title, group))
+    return groups
+
+
+def _pairs_markdown(cells: pd.DataFrame) -> list[str]:
+    axis = _axis(cells)
+    lines: list[str] = []
     for task in dict.fromkeys(cells["task"]):
         of_task = cells[cells["task"] == task]
         at = {(r["layer 0"], r["layer 1"]): r for _, r in of_task.iterrows()}
@@ -104,43 +175,33 @@ def layer_markdown(cells: pd.DataFrame, name: str) -> str:
             for first in axis
         ]
         lines += ["", f"**{task_label(str(task))}**", "", *md_table(header, rows)]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
-def layer_figure(cells: pd.DataFrame, name: str) -> Figure:
-    axis = _axis(cells)
-    tasks = list(dict.fromkeys(cells["task"]))
+def layer_figure(cells: pd.DataFrame, name: str, deeper: pd.DataFrame | None = None) -> Figure:
+    axis = _axis(cells) if not cells.empty else []
+    tasks = list(dict.fromkeys(cells["task"])) if not cells.empty else []
+    groups = _deeper_groups(deeper)
     size = 1.35 * len(axis) + 1.4
-    fig = Figure(figsize=(size * len(tasks), size + 0.8), layout="constrained")
+    widths = [size] * len(tasks) + [0.9 * max(g["depth"].max() for _, g in groups) + 2.6] * len(
+        groups
+    )
+    height = max([size + 0.8, *(0.42 * len(g) + 1.8 for _, g in groups)])
+    fig = Figure(figsize=(sum(widths), height), layout="constrained")
     fig.suptitle(f"{name}: which layer type carries the retrieval", fontsize=10)
-    carriers = [a for a in dict.fromkeys(cells["carried by"]) if isinstance(a, str)]
+    shown = [cells[["carried by"]]] + [g[["carried by"]] for _, g in groups]
+    carriers = [a for a in dict.fromkeys(pd.concat(shown)["carried by"]) if isinstance(a, str)]
     colour = {
         a: _PALETTE[i % len(_PALETTE)]
         for i, a in enumerate(sorted(carriers, key=architecture_rank))
     }
-    axes = fig.subplots(1, len(tasks), squeeze=False)[0]
-    for ax, task in zip(axes, tasks, strict=True):
-        of_task = cells[cells["task"] == task]
-        at = {(r["layer 0"], r["layer 1"]): r for _, r in of_task.iterrows()}
-        for i, first in enumerate(axis):
-            for j, second in enumerate(axis):
-                row = at.get((first, second))
-                fill = NO_CARRIER if row is None else colour.get(row["carried by"], NO_CARRIER)
-                ax.add_patch(Rectangle((j, i), 1, 1, facecolor=fill, edgecolor="white", lw=1.5))
-                if row is not None:
-                    ax.text(j + 0.5, i + 0.5, _short(row), ha="center", va="center", fontsize=6)
+    axes = fig.subplots(1, len(widths), squeeze=False, width_ratios=widths)[0]
+    for ax, task in zip(axes, tasks, strict=False):
+        _pairs_panel(ax, cells[cells["task"] == task], axis, colour)
         ax.set_title(task_label(str(task)), fontsize=9)
-        ticks = [k + 0.5 for k in range(len(axis))]
-        names = [architecture_label(a) for a in axis]
-        ax.set_xticks(ticks, names, fontsize=7, rotation=30, ha="right")
-        ax.set_yticks(ticks, names, fontsize=7)
-        ax.set_xlim(0, len(axis))
-        ax.set_ylim(len(axis), 0)
-        ax.set_xlabel("layer 1", fontsize=7)
-        ax.set_ylabel("layer 0", fontsize=7)
-        ax.tick_params(length=0)
-        for spine in ax.spines.values():
-            spine.set_visible(False)
+    for ax, (title, group) in zip(axes[len(tasks) :], groups, strict=True):
+        _deeper_panel(ax, group, colour)
+        ax.set_title(title, fontsize=9)
     handles = [
         Patch(facecolor=c, label=f"{architecture_label(a)} carries") for a, c in colour.items()
     ]
@@ -153,6 +214,59 @@ def layer_figure(cells: pd.DataFrame, name: str) -> Figure:
         frameon=False,
     )
     return fig
+
+
+def _pairs_panel(ax, of_task: pd.DataFrame, axis: list[str], colour: dict[str, str]) -> None:
+    """One task's two-layer matrix: layer 0 by layer 1, each cell coloured by its carrier."""
+    at = {(r["layer 0"], r["layer 1"]): r for _, r in of_task.iterrows()}
+    for i, first in enumerate(axis):
+        for j, second in enumerate(axis):
+            row = at.get((first, second))
+            fill = NO_CARRIER if row is None else colour.get(row["carried by"], NO_CARRIER)
+            ax.add_patch(Rectangle((j, i), 1, 1, facecolor=fill, edgecolor="white", lw=1.5))
+            if row is not None:
+                ax.text(j + 0.5, i + 0.5, _short(row), ha="center", va="center", fontsize=6)
+    ticks = [k + 0.5 for k in range(len(axis))]
+    names = [architecture_label(a) for a in axis]
+    ax.set_xticks(ticks, names, fontsize=7, rotation=30, ha="right")
+    ax.set_yticks(ticks, names, fontsize=7)
+    ax.set_xlim(0, len(axis))
+    ax.set_ylim(len(axis), 0)
+    ax.set_xlabel("layer 1", fontsize=7)
+    ax.set_ylabel("layer 0", fontsize=7)
+    _bare(ax)
+
+
+def _deeper_panel(ax, group: pd.DataFrame, colour: dict[str, str]) -> None:
+    """Deeper models of one depth and task: a row per model, a cell per layer with its
+    architecture; the carrying layer (every layer of a pure form that retrieves) in its
+    architecture's colour; the test accuracy at the row's end."""
+    depth = int(group["depth"].max())
+    for i, (_, row) in enumerate(group.iterrows()):
+        carrier = row["carrier layer"]
+        for j, layer in enumerate(row["layer names"]):
+            carries = not is_missing(row["carried by"]) and (
+                is_missing(carrier) or int(carrier) == j
+            )
+            fill = colour.get(row["carried by"], NO_CARRIER) if carries else "white"
+            ax.add_patch(Rectangle((j, i), 1, 1, facecolor=fill, edgecolor=NO_CARRIER, lw=1))
+            text = "\n~ ".join(architecture_label(b) for b in layer.split(PARALLEL_JOIN))
+            ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=5.5)
+        accuracy = row["test accuracy"]
+        shown = "–" if is_missing(accuracy) else f"{100 * accuracy:.0f}%"
+        ax.text(depth + 0.15, i + 0.5, shown, ha="left", va="center", fontsize=6.5)
+    ax.set_xticks([k + 0.5 for k in range(depth)], [f"layer {k}" for k in range(depth)])
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_yticks([])
+    ax.set_xlim(0, depth + 1)
+    ax.set_ylim(len(group), 0)
+    _bare(ax)
+
+
+def _bare(ax) -> None:
+    ax.tick_params(length=0)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
 
 
 def _short(row: pd.Series) -> str:
@@ -172,12 +286,14 @@ def _short(row: pd.Series) -> str:
 
 
 def render_layer_matrix(records: pd.DataFrame, name: str) -> FigureResult:
-    """The two-layer models of ``records`` as a figure result: layer 0 by layer 1 per task."""
+    """The models of ``records`` as a figure result: the two-layer ones layer 0 by layer 1
+    per task, then the deeper ones by depth and task, a row per model."""
     cells = layer_cells(records)
+    deeper = deeper_models(records)
     return FigureResult(
         name=name,
-        markdown=layer_markdown(cells, name),
-        figure=layer_figure(cells, name),
-        data=cells,
+        markdown=layer_markdown(cells, name, deeper),
+        figure=layer_figure(cells, name, deeper),
+        data=pd.concat([cells, deeper.drop(columns=["layer names"], errors="ignore")]),
         caption=CAPTION,
     )

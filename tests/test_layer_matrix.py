@@ -93,6 +93,9 @@ def test_the_matrix_keeps_two_layer_models_and_each_cells_best_run() -> None:
     assert "**MQAR**" in lines and "| **Mamba** | `mamba+mamba" not in result.markdown
     panels = result.figure.axes
     assert [ax.get_title() for ax in panels] == ["AR", "MQAR", "4 layers, AR, 8 pairs"]
+    two_only = render_layer_matrix(records[records["layers"] == 2], "hybrids")
+    assert [ax.get_title() for ax in two_only.figure.axes] == ["AR", "MQAR"]
+    assert "4 layers" not in two_only.markdown
     colours = {patch.get_facecolor() for patch in panels[0].patches}
     assert len(colours) == 3  # Mamba carries, attention carries, nobody (and no run)
     from matplotlib.colors import to_rgba

@@ -183,9 +183,8 @@ def layer_figure(cells: pd.DataFrame, name: str, deeper: pd.DataFrame | None = N
     tasks = list(dict.fromkeys(cells["task"])) if not cells.empty else []
     groups = _deeper_groups(deeper)
     size = 1.35 * len(axis) + 1.4
-    widths = [size] * len(tasks) + [0.9 * max(g["depth"].max() for _, g in groups) + 2.6] * len(
-        groups
-    )
+    deepest = max((int(g["depth"].max()) for _, g in groups), default=0)
+    widths = [size] * len(tasks) + [0.9 * deepest + 2.6] * len(groups)
     height = max([size + 0.8, *(0.42 * len(g) + 1.8 for _, g in groups)])
     fig = Figure(figsize=(sum(widths), height), layout="constrained")
     fig.suptitle(f"{name}: which layer type carries the retrieval", fontsize=10)

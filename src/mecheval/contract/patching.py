@@ -25,14 +25,41 @@ def check_sites(arch: str, options: Mapping[str, Any] | None = None) -> str:
     model = make_model(arch, options)
     names = site_names(model)
     require(len(names) == len(set(names)), "site names are not unique")
+    absent = sorted(_expected_sites(model) - set(names))
+    require(not absent, f"missing sites: {', '.join(absent)}")
+    seen, stray = _fired_sites(model)
+    require(
+        not stray,
+        f"an unlisted Site fired inside {stray[0] if stray else ''}: a site must be a submodule "
+        "when the model is built, or it cannot be read or patched by name",
+    )
+    silent = sorted(set(names) - set(seen))
+    require(not silent, f"sites that never fired: {', '.join(silent)}")
+    for name, shapes in seen.items():
+        require(len(shapes) == 1, f"{name}: fired {len(shapes)} times in one forward")
+        require(
+            len(shapes[0]) == 3 and shapes[0][:2] == (3, 11),
+            f"{name}: saw shape {tuple(shapes[0])}, expected [B=3, T=11, C]",
+        )
+        require(get_site(model, name).name == name, f"{name}: not named by its path")
+    return f"{len(names)} sites, each fired once with [B, T, C]"
+
+
+def _expected_sites(model: torch.nn.Module) -> set[str]:
+    """The sites every model has: each block's input, output and mixer's, its MLP's where it
+    has one, and ``final_norm.input``."""
     expected = {"final_norm.input"}
     # A block is its architecture's (a parallel layer's: its first branch's), MLP or none.
     for i, branches in enumerate(layer_architectures(model.config)):
         expected |= {f"layers.{i}.{s}" for s in ("input", "output", "mixer.input", "mixer.output")}
         if branches[0].mlp:
             expected |= {f"layers.{i}.mlp.input", f"layers.{i}.mlp.output"}
-    absent = sorted(expected - set(names))
-    require(not absent, f"missing sites: {', '.join(absent)}")
+    return expected
+
+
+def _fired_sites(model: torch.nn.Module) -> tuple[dict[str, list[tuple[int, ...]]], list[str]]:
+    """One forward of three 11-token documents: the shapes each listed site saw, and where a
+    Site fired that is not listed."""
     seen: dict[str, list[tuple[int, ...]]] = {}
     handles = [
         site.register_forward_hook(lambda m, i, o, n=name: seen.setdefault(n, []).append(o.shape))
@@ -65,21 +92,7 @@ def check_sites(arch: str, options: Mapping[str, Any] | None = None) -> str:
     finally:
         for handle in handles:
             handle.remove()
-    require(
-        not stray,
-        f"an unlisted Site fired inside {stray[0] if stray else ''}: a site must be a submodule "
-        "when the model is built, or it cannot be read or patched by name",
-    )
-    silent = sorted(set(names) - set(seen))
-    require(not silent, f"sites that never fired: {', '.join(silent)}")
-    for name, shapes in seen.items():
-        require(len(shapes) == 1, f"{name}: fired {len(shapes)} times in one forward")
-        require(
-            len(shapes[0]) == 3 and shapes[0][:2] == (3, 11),
-            f"{name}: saw shape {tuple(shapes[0])}, expected [B=3, T=11, C]",
-        )
-        require(get_site(model, name).name == name, f"{name}: not named by its path")
-    return f"{len(names)} sites, each fired once with [B, T, C]"
+    return seen, stray
 
 
 def check_resume(arch: str, options: Mapping[str, Any] | None = None) -> str:

@@ -288,11 +288,7 @@ def intervene_run(
     if loaded is None:
         loaded = load_run(run_dir, device, cfg=run.cfg if run is not None else None)
     cfg, model = loaded
-    if plan.scope == "boundaries" and plan.sites is None:
-        plan = replace(plan, sites=tuple(boundary_sites(model)))
-    if cfg.task.readings.in_state and plan.sites is None:
-        # The task reads recurrent states too: every module site and every state site.
-        plan = replace(plan, sites=(*site_names(model), *state_site_names(model)))
+    plan = _with_sites(plan, model, cfg.task.readings.in_state)
     step = int((read_status(run_dir) or {}).get("step", 0))
     not_done = unfinished(run_dir)
     pair = eval_batch(cfg.task, plan.split, plan.n_docs, cache_dir, plan.documents)
@@ -312,6 +308,19 @@ def intervene_run(
         _write_mechanism(run_dir, label, candidates, plan.documents, len(pair[0]), not_done)
     atomic_write_text(target, rows.to_csv(index=False))
     return RunMechanism(result, rows, label, len(pair[0]), where, graded, not_done)
+
+
+def _with_sites(plan: InterventionPlan, model: LanguageModel, in_state: bool) -> InterventionPlan:
+    """``plan`` with its sites named for ``model`` where it names none: the block boundaries
+    (``scope="boundaries"``), or, for a task that reads recurrent states too (``in_state``),
+    every module site and every state site; else as it is (every module site)."""
+    if plan.sites is not None:
+        return plan
+    if plan.scope == "boundaries":
+        return replace(plan, sites=tuple(boundary_sites(model)))
+    if in_state:
+        return replace(plan, sites=(*site_names(model), *state_site_names(model)))
+    return plan
 
 
 def measured_as_planned(run_dir: Path, plan: InterventionPlan) -> bool:

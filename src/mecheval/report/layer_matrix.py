@@ -145,8 +145,8 @@ def layer_markdown(cells: pd.DataFrame, name: str, deeper: pd.DataFrame | None =
 
 
 def _deeper_groups(deeper: pd.DataFrame | None) -> list[tuple[str, pd.DataFrame]]:
-    """The deeper models by depth, task and pairs, each group with its title (``Four
-    layers, MQAR, 8 pairs``)."""
+    """The deeper models by depth, task and pairs, each group with its title (``4 layers,
+    MQAR, 8 pairs``)."""
     if deeper is None or deeper.empty:
         return []
     keys = deeper[["depth", "task", "pairs"]].astype(str).agg("/".join, axis=1)

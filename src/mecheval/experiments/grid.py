@@ -119,12 +119,12 @@ TASK_AXIS = "task"
 class RunSpec:
     """One point of a sweep: its run's name, the grid's values there (dotted keys, and the
     ``task`` axis), the architecture whose ``per_architecture`` entry applies (None: no
-    run of the sweep names one) and the ``set`` of the grid it is a point of (``also``'s)."""
+    run of the sweep names one) and which of the sweep's grids (``parts()``) it is a point of."""
 
     name: str
     point: dict[str, Any] = field(default_factory=dict)
     architecture: str | None = None
-    part_set: dict[str, Any] = field(default_factory=dict)
+    grid_index: int = 0
 
     @property
     def task(self) -> str | None:
@@ -160,7 +160,7 @@ def expand(spec: SweepSpec) -> list[RunSpec]:
     runs: list[RunSpec] = []
     seen: set[str] = set()
     architectures: set[str] = set()
-    for part in spec.parts():
+    for index, part in enumerate(spec.parts()):
         keys = list(part.grid)
         fixed = {**spec.set, **part.set}.get(
             "model.architecture", spec.base.get("model", {}).get("architecture")
@@ -173,7 +173,7 @@ def expand(spec: SweepSpec) -> list[RunSpec]:
             if name in seen:
                 raise ConfigError(f"grid: two runs would both be named {name!r}")
             seen.add(name)
-            runs.append(RunSpec(name, point, None if arch is None else str(arch), part.set))
+            runs.append(RunSpec(name, point, None if arch is None else str(arch), index))
     for arch in spec.per_architecture:
         if arch not in architectures:
             # A misspelt name would otherwise leave its runs without their overrides.

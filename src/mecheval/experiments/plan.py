@@ -73,7 +73,8 @@ def run_values(spec: SweepSpec, run: RunSpec) -> dict[str, Any]:
     architecture's ``per_architecture`` entry, its grid point (the ``task`` axis stays out: it
     picks the preset)."""
     extra = spec.per_architecture.get(str(run.architecture), {})
-    values = {**spec.set, **run.part_set, **extra, **run.point}
+    own = spec.parts()[run.grid_index].set
+    values = {**spec.set, **own, **extra, **run.point}
     values.pop(TASK_AXIS, None)
     return values
 
@@ -176,7 +177,8 @@ def restrict(spec: SweepSpec, experiment: str, subset: Mapping[str, list[Any]]) 
         if not lacking:
             continue
         planned = planned or plan_runs(spec)
-        own = [run for run, i in zip(planned, _grid_of_each_run(spec), strict=True) if i in lacking]
+        grids_of = [run.grid_index for run in expand(spec)]
+        own = [run for run, i in zip(planned, grids_of, strict=True) if i in lacking]
         used = {_config_value(run.cfg, key) for run in own}
         if flag == "--seeds":
             # The paper trains one seed per configuration: more seeds are a new axis (runs then
@@ -200,13 +202,6 @@ def restrict(spec: SweepSpec, experiment: str, subset: Mapping[str, list[Any]]) 
         for part, grid in zip(spec.also, grids[1:], strict=True)
     ]
     return spec.model_copy(update={"grid": grids[0], "also": also})
-
-
-def _grid_of_each_run(spec: SweepSpec) -> list[int]:
-    """For each run of ``spec`` in :func:`expand`'s order, the index of its grid in
-    ``spec.parts()``."""
-    sizes = [math.prod(len(values) for values in part.grid.values()) for part in spec.parts()]
-    return [i for i, size in enumerate(sizes) for _ in range(size)]
 
 
 def _kept(flag: str, values: list[Any], allowed: list[Any], where: str, note: str = "") -> list:

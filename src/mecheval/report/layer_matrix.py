@@ -17,7 +17,7 @@ from matplotlib.patches import Patch, Rectangle
 
 from mecheval.models.config import HYBRID_JOIN, PARALLEL_JOIN
 from mecheval.models.registry import architecture_label, architecture_rank
-from mecheval.report.matrix import best_runs
+from mecheval.report.matrix import best_first, best_runs
 from mecheval.report.render import FigureResult, md_table
 from mecheval.report.results import is_missing
 from mecheval.tasks import task_label
@@ -58,13 +58,8 @@ def carried_by(row: pd.Series) -> str | None:
 
 
 def _of_depth(records: pd.DataFrame, two: bool) -> pd.DataFrame:
-    """The records of two-layer models (``two``) or of the others: by the ``layers`` count
-    where the records have it, else by the architecture's name."""
-    if "layers" in records.columns:
-        count = records["layers"].map(lambda n: 2 if is_missing(n) else int(n))
-    else:
-        count = records["architecture"].map(lambda a: 2 if two_layers(a) else 0)
-    return records[(count == 2) == two]
+    """The records of two-layer models (``two``) or of the others, by their ``layers``."""
+    return records[(records["layers"] == 2) == two]
 
 
 def layer_cells(records: pd.DataFrame) -> pd.DataFrame:
@@ -85,18 +80,11 @@ def deeper_models(records: pd.DataFrame) -> pd.DataFrame:
     """The best run (by dev accuracy) of each task and model of other than two layers, in
     the records' order, with its ``depth``, ``pairs``, ``model`` (its layers' names), the
     ``layer names`` and ``carried by``."""
-    if records.empty or "layers" not in records.columns:
-        return records.iloc[0:0]
-    deeper = _of_depth(records, two=False)
+    deeper = _of_depth(records, two=False) if len(records) else records
     if deeper.empty:
         return deeper
-    ranked = deeper.assign(
-        _done=deeper["status"] == "done",
-        _dev=deeper["dev accuracy"].astype(float).fillna(-1.0),
-        _order=range(len(deeper)),
-    ).sort_values(["_done", "_dev"], ascending=False, kind="stable")
-    best = ranked.drop_duplicates(["task", "architecture", "layers", "pairs"])
-    best = best.sort_values("_order").drop(columns=["_done", "_dev", "_order"])
+    best = best_first(deeper).drop_duplicates(["task", "architecture", "layers", "pairs"])
+    best = best.loc[[i for i in deeper.index if i in best.index]]  # in the records' order
     best = best.assign(depth=best["layers"].astype(int))
     best["layer names"] = [
         layer_names(a, d) for a, d in zip(best["architecture"], best["depth"], strict=True)

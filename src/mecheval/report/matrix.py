@@ -130,16 +130,23 @@ def best_runs(records: pd.DataFrame, columns: Columns = TASK_COLUMNS) -> pd.Data
     if records.empty:
         return records
     key = records[columns.column].map(lambda v: "<default>" if is_missing(v) else str(v))
-    ranked = records.assign(
-        _key=key,
-        _done=records["status"] == "done",
-        _dev=records["dev accuracy"].astype(float).fillna(-1.0),
-    ).sort_values(["_done", "_dev"], ascending=False, kind="stable")
-    best = ranked.drop_duplicates(["_key", "architecture"])
+    best = best_first(records.assign(_key=key)).drop_duplicates(["_key", "architecture"])
     order = best[columns.column].map(columns.order)
     best = best.assign(_rank=best["architecture"].map(architecture_rank), _order=order)
     best = best.sort_values(["_rank", "_order"], kind="stable")
-    return best.drop(columns=["_key", "_done", "_dev", "_rank", "_order"]).reset_index(drop=True)
+    return best.drop(columns=["_key", "_rank", "_order"]).reset_index(drop=True)
+
+
+def best_first(records: pd.DataFrame) -> pd.DataFrame:
+    """``records`` ranked best first: finished runs before failed and unmeasured ones, then
+    by dev accuracy (stable: ties keep their order), so the first of each key is its best."""
+    keys = pd.DataFrame(
+        {
+            "done": (records["status"] == "done").to_numpy(),
+            "dev": records["dev accuracy"].astype(float).fillna(-1.0).to_numpy(),
+        }
+    )
+    return records.iloc[keys.sort_values(["done", "dev"], ascending=False, kind="stable").index]
 
 
 def cell_text(row: pd.Series) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import os
 import shutil
 import warnings
@@ -23,6 +24,7 @@ from mecheval.errors import ConfigError
 from mecheval.models import ARCHITECTURES, ModelConfig, build_model
 from mecheval.tasks import build_datasets
 from mecheval.training import Trainer, evaluate, load_run, read_status, resolve, train
+from mecheval.training.config import load_config
 from mecheval.training.folder import check_same_config
 from mecheval.training.precision import tf32
 from mecheval.training.stacking.group import groupable, train_group
@@ -266,21 +268,33 @@ def _cxx() -> str | None:
     return shutil.which(os.environ.get("CXX", "g++"))
 
 
+#: The README's torch.compile command as tests/test_doc_commands.py substitutes it (the tiny
+#: preset, one architecture): run here, where its run is held to the eager one.
+PAGE_COMPILE_COMMAND = "mecheval reproduce ar --preset tiny --compile --archs attention"
+
+
 @pytest.mark.skipif(
     _cxx() is None,
     reason="torch.compile's CPU backend (inductor) needs a C++ compiler: no g++ or $CXX",
 )
-def test_compiled_run_equals_eager_run(tmp_path: Path, data) -> None:
-    """The real thing (inductor, C++ kernels): a compiled run equals an eager run to float32
-    tolerance. One layer, d = 8, to keep inductor's cold compile near 15 s on a 2-core CPU
-    (about 2 s once its on-disk cache is warm)."""
-    torch._dynamo.reset()
-    small = {"n_layers": 1}
-    for name, flag in (("c", True), ("e", False)):
-        cfg = config(d_model=8, model=small, compile=flag, steps=4, eval_every=2)
-        train(cfg, tmp_path / name, datasets=data)
+def test_the_pages_compiled_reproduce_equals_the_eager_one(tmp_path: Path, tiny_experiments):
+    """The real thing (inductor, C++ kernels), as the README shows it: the compiled run of
+    ``reproduce ar --compile`` equals the tiny catalog's eager run of the same config
+    (tests/conftest.py) to float32 tolerance, and its report reads the same label."""
+    from cli_processes import run_command
+
+    result = run_command(PAGE_COMPILE_COMMAND, tmp_path)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    compiled = tmp_path / "runs" / "ar-tiny" / "attention"
+    eager = tiny_experiments["ar"].folder / "attention"
+    assert read_status(compiled)["state"] == "done"
+    check_same_config(compiled, load_config(eager / "config.yaml"))  # compile aside
     # Inductor fuses and reorders float32 arithmetic: equal to rounding, not bitwise.
-    _same_runs(tmp_path / "c", tmp_path / "e", rtol=1e-4, atol=1e-5)
+    _same_runs(compiled, eager, rtol=1e-4, atol=1e-5)
+    labels = [
+        json.loads((run / "mechanism.json").read_text())["label"] for run in (compiled, eager)
+    ]
+    assert labels[0] == labels[1]
 
 
 # ---------------------------------------------------------------------------- CUDA

@@ -10,7 +10,9 @@ changes in a command before it runs is in :data:`SUBSTITUTIONS` (placeholders, a
 that would train for minutes, at the ``tiny`` preset: the same pipeline in seconds); the
 commands that cannot run here are in :data:`NOT_RUN`, each with its reason; a ``reproduce``
 the session's tiny catalog already ran is held to what it gave there
-(:func:`ran_by_the_catalog`). A command added to a page is run by default.
+(:func:`ran_by_the_catalog`); a command two blocks show runs in the first
+(:func:`run_by_an_earlier_block`), one another test runs with checks of its own there
+(:data:`RUN_BY_ANOTHER_TEST`). A command added to a page is run by default.
 
 The pages' Python blocks are run too: those another test runs with its own checks are
 claimed by :func:`_tested_elsewhere` (the claim checked against that test's own reading of

@@ -271,6 +271,14 @@ MUTANTS = [
         "x = block.forward_from(window, start - lo, state, replace=False)",
         ("tests/test_attribution.py",),
     ),
+    Mutant(
+        "attribution-log-not-mapped-back",
+        "attribution-log reports its log-likelihood estimate as the likelihood",
+        "src/mecheval/interventions/attribution.py",
+        "return log_answer_probability, likelihood_of_log",
+        "return log_answer_probability, lambda estimate: estimate",
+        ("tests/test_attribution.py",),
+    ),
 ]
 
 

@@ -21,6 +21,8 @@ from mecheval.interventions.attribution import (
     answer_probability,
     attribution_patching,
     estimate_cells,
+    likelihood_of_log,
+    log_answer_probability,
     path_points,
 )
 from mecheval.interventions.patch import patch, record
@@ -68,6 +70,30 @@ def patched_readout(model, corrupted, site, dst, value, readout, answer=None):
     answer = corrupted.answer if answer is None else answer
     with torch.no_grad(), patch(model, site, dst, value):
         return readout(model(corrupted.tokens, at=corrupted.query), answer)
+
+
+def restore_slopes(model, original, corrupted, site, readout, eps=1e-5):
+    """Per role, the central finite difference of ``readout`` (of the original's answer) as
+    ``site`` at the role's position moves from the corrupted run's activation towards the
+    original's: the derivative a first-order estimate takes."""
+    with torch.no_grad(), record(model, [site]) as runs:
+        model(original.tokens, at=original.query)
+        a_orig = runs[site]
+        model(corrupted.tokens, at=corrupted.query)
+        a_corr = runs[site]
+    docs, slopes = torch.arange(len(original)), {}
+    for role in ROLES:
+        dst = corrupted.roles[role]
+        diff = a_orig[docs, original.roles[role]] - a_corr[docs, dst]
+        ends = [
+            patched_readout(
+                model, corrupted, site, dst, a_corr[docs, dst] + e * diff, readout,
+                original.answer,
+            )
+            for e in (eps, -eps)
+        ]  # fmt: skip
+        slopes[role] = (ends[0] - ends[1]) / (2 * eps)
+    return slopes
 
 
 def state_readout(model, layer, original, corrupted, role, mix, readout):
@@ -149,23 +175,8 @@ def test_the_estimate_differentiates_the_original_answer_where_the_corruption_ch
     with torch.no_grad():
         logits = model(moved.tokens, at=moved.query)
     torch.testing.assert_close(estimates.base, answer_probability(logits, original.answer))
-    with torch.no_grad(), record(model, [site]) as runs:
-        model(original.tokens, at=original.query)
-        a_orig = runs[site]
-        model(moved.tokens, at=moved.query)
-        a_corr = runs[site]
-    docs, eps = torch.arange(len(original)), 1e-5
-    for role in ROLES:
-        dst = moved.roles[role]
-        diff = a_orig[docs, original.roles[role]] - a_corr[docs, dst]
-        ends = [
-            patched_readout(
-                model, moved, site, dst, a_corr[docs, dst] + e * diff, answer_probability,
-                original.answer,
-            )
-            for e in (eps, -eps)
-        ]  # fmt: skip
-        slope = (ends[0] - ends[1]) / (2 * eps)
+    slopes = restore_slopes(model, original, moved, site, answer_probability)
+    for role, slope in slopes.items():
         change = estimates.cells[(site, role)] - estimates.base
         torch.testing.assert_close(change, slope, rtol=1e-5, atol=1e-9)
 
@@ -187,6 +198,29 @@ def test_the_estimate_at_a_state_site_is_the_derivative_of_the_state_restore(arc
         torch.testing.assert_close(change, slope, rtol=1e-5, atol=1e-9)
         slopes.append(slope)
     assert torch.cat(slopes).abs().max() > 1e-6
+
+
+@pytest.mark.parametrize("arch", ["attention", "mamba", "deltanet"])
+def test_attribution_log_is_the_derivative_of_the_log_likelihood_mapped_back(arch):
+    """``attribution-log``: each cell moves log p(answer) by its derivative along the patch
+    (a central finite difference of the patched forward), and the table reports
+    exp(min(log p(corrupted) + that step, 0)) per document, averaged."""
+    model = model_for(arch)
+    original, corrupted = pair(model)
+    site = layer_site(1, "input")
+    with torch.no_grad():
+        base = log_answer_probability(model(corrupted.tokens, at=corrupted.query), original.answer)
+    table = attribution_patching(model, original, corrupted, [site], ROLES, "attribution-log")
+    restored = table.table[(table.table.condition == "restored")].set_index("role")["value"]
+    slopes = restore_slopes(model, original, corrupted, site, log_answer_probability)
+    for role, slope in slopes.items():
+        want = torch.exp(torch.clamp(base + slope, max=0.0)).mean().item()
+        assert restored[role] == pytest.approx(want, rel=1e-6, abs=1e-9)
+
+
+def test_likelihood_of_log_maps_back_and_caps_at_one():
+    estimate = torch.tensor([-math.inf, math.log(0.25), 0.0, 2.0], dtype=torch.float64)
+    assert likelihood_of_log(estimate).tolist() == [0.0, 0.25, 1.0, 1.0]
 
 
 # ------------------------------------------------------------------- a model linear in everything
@@ -351,6 +385,7 @@ def test_a_mixer_without_gradients_is_refused_in_one_line() -> None:
 
 def test_path_points_and_bad_names() -> None:
     assert path_points("attribution") == [0.0]
+    assert path_points("attribution-log") == [0.0]
     assert path_points("integrated-gradients", 4) == [0.125, 0.375, 0.625, 0.875]
     with pytest.raises(ValueError, match="method"):
         path_points("gradients")
@@ -475,22 +510,18 @@ def test_reproduce_attribution_grades_every_run_and_prints_the_table(
     folder = tmp_path / "attribution-tiny"
     records = grading_records(folder)
     assert sorted(zip(records.run, records.method, strict=True)) == [
-        ("attention", "attribution"),
-        ("attention", "integrated-gradients"),
-        ("mamba", "attribution"),
-        ("mamba", "integrated-gradients"),
+        (run, method) for run in ("attention", "mamba") for method in sorted(METHODS)
     ]
     for run in ("mamba", "attention"):
         label = json.loads((folder / run / "mechanism.json").read_text())["label"]
         assert set(records[records.run == run].exact_label) == {label}
     table = out[out.index("## attribution-grading: ") : out.index("Per run")]
     runs = [line.split("|")[1:3] for line in table.splitlines() if line.startswith("| ")][1:]
+    # The registry's order of architectures, then METHODS' order.
     assert [(run.strip(), method.strip()) for run, method in runs] == [
-        ("mamba", "attribution"),  # the registry's order of architectures
-        ("mamba", "integrated-gradients"),
-        ("attention", "attribution"),
-        ("attention", "integrated-gradients"),
+        (run, method) for run in ("mamba", "attention") for method in METHODS
     ]
+    assert METHODS == ("attribution", "integrated-gradients", "attribution-log")
     assert (folder / "report" / "attribution-grading.png").exists()
     # The estimates in the results table, beside the exact restores, named by their source.
     from mecheval.experiments.store import load_results
@@ -501,6 +532,7 @@ def test_reproduce_attribution_grades_every_run_and_prints_the_table(
     by_source = restored.groupby("source").size()
     assert set(by_source.index) == {"mechanistic", *METHODS}
     assert by_source["attribution"] == by_source["integrated-gradients"] > 0
+    assert by_source["attribution-log"] == by_source["attribution"]
     # And each grade, as rows of condition "graded", at the step of its estimates.
     graded = results[results.condition == "graded"]
     assert set(graded.source) == set(METHODS)

@@ -82,6 +82,20 @@ def test_the_protocol_reads_the_mechanism_the_weights_were_built_to_have(
         assert (read_.carrier.layer, read_.carrier.reads) == (read, "induction")
 
 
+def test_attribution_of_the_log_likelihood_reads_the_circuit_attribution_misses(tmp_path):
+    """The induction circuit's restores are all or nothing (p(answer) from about 0 to about
+    1): a first-order step of the likelihood from the corrupted run, where its gradient is
+    about 0, reads `unclear`; the same step of the log-likelihood, mapped back, reads the
+    circuit as built."""
+    run_dir, cfg = run_folder(tmp_path, ["attention", "attention"])
+    model = induction_by_hand(cfg.model, copy=0, read=1).eval()
+    plan = InterventionPlan(split="dev", methods=("attribution", "attribution-log"))
+    measured = intervene_run(run_dir, plan, loaded=(cfg, model))
+    labels = {graded.method: graded.record["label"] for graded in measured.graded}
+    assert measured.label.label == "induction"
+    assert labels == {"attribution": "unclear", "attribution-log": "induction"}
+
+
 @pytest.mark.parametrize(
     ("layers", "layer", "label"),
     [

@@ -40,7 +40,8 @@ Method = Annotated[
     typer.Option(
         help="exact (a patched forward per site and role) | attribution (activation "
         "difference times gradient: one backward) | integrated-gradients (gradients "
-        "averaged on the path from the corrupted to the original embeddings); an "
+        "averaged on the path from the corrupted to the original embeddings) | "
+        "attribution-log (attribution of log p(answer), mapped back); an "
         "estimate is graded against the exact table on the same documents"
     ),
 ]

@@ -5,13 +5,13 @@ document, runs the interchange engine and writes ``interventions.csv`` (tidy, in
 store's schema) plus ``mechanism.json`` (the label and the numbers it was read from: the
 restores at the label site, and on the original documents accuracy, in-context accuracy and
 mass, the chance level of a guess among the in-context candidates and their mean count).
-A plan with ``methods`` (interventions/attribution.py: ``attribution``,
-``integrated-gradients``) also estimates the same table from gradients, on the same
-documents, and grades each estimate against the exact one (interventions/grading.py):
-``attribution.csv`` holds the estimates (the interventions' columns, ``source`` naming the
-estimator), ``attribution.json`` per method its grade, its label and both engines' seconds.
-``EmergenceCallback`` plugs into training and records a small intervention set at every
-evaluation into ``emergence.csv``, so the emergence of a mechanism can be plotted.
+A plan with ``methods`` (interventions/attribution.py's ``METHODS``) also estimates the
+same table from gradients, on the same documents, and grades each estimate against the
+exact one (interventions/grading.py): ``attribution.csv`` holds the estimates (the
+interventions' columns, ``source`` naming the estimator), ``attribution.json`` per method
+its grade, its label and both engines' seconds. ``EmergenceCallback`` plugs into training
+and records a small intervention set at every evaluation into ``emergence.csv``, so the
+emergence of a mechanism can be plotted.
 """
 
 from __future__ import annotations

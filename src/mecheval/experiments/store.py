@@ -9,8 +9,8 @@ Schema (one row per value)::
 
     run, status, reason, folder, ran_on, software, state_size,
     <config columns: task.*, model.*, training.*>,
-    source (behavioural | mechanistic | attribution | integrated-gradients), step, split,
-    condition ("" | original | corrupted | restored), site, layer, component, io, role,
+    source (behavioural | mechanistic | an estimator of interventions/attribution.py), step,
+    split, condition ("" | original | corrupted | restored), site, layer, component, io, role,
     metric (likelihood | accuracy | loss | in_context_mass | in_context_accuracy | ...), value
 
 ``status`` is done, failed, running (a process holds the run folder now), cut off (its
@@ -138,7 +138,7 @@ def mechanistic_rows(run_dir: Path) -> pd.DataFrame:
 
 def estimated_rows(run_dir: Path) -> pd.DataFrame:
     """``attribution.csv``: the interventions estimated from gradients, ``source`` naming
-    the estimator (``attribution``, ``integrated-gradients``)."""
+    the estimator (interventions/attribution.py's ``METHODS``)."""
     path = run_dir / ATTRIBUTION_FILE
     if not path.exists():
         return pd.DataFrame(columns=MEASUREMENT_COLUMNS)

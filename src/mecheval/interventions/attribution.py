@@ -22,6 +22,13 @@ Methods (:data:`METHODS`):
   the straight line from the corrupted to the original documents, at the midpoints
   alpha = (k + 1/2) / steps (EAP-IG, Hanna et al. 2024, its "inputs" variant, with the
   midpoint rule): ``steps`` forwards and backwards.
+- ``attribution-log``: attribution patching of log p(answer) instead of p(answer), its
+  estimate mapped back, exp(min(log p(corrupted) + (a' - a) . g_log, 0)): the same passes
+  as ``attribution``. The likelihood is a softmax probability, flat where the corrupted run
+  puts little mass on the answer, so a first-order step from there falls short of a large
+  restore; its logarithm moves with the answer's logit (a linear metric, as AtP asks of the
+  metric it patches), and the map back lets the estimate reach what the exact restore
+  reaches.
 
 A site is read through a forward hook that hands on a copy of its activation and keeps it,
 so the gradient flows through what follows the site and nothing else, as a patch there
@@ -52,7 +59,7 @@ from mecheval.models.sites import get_site, layer_site, state_site_layer, state_
 from mecheval.tasks.batch import Batch
 
 #: The estimators, by the name ``intervene --method`` takes.
-METHODS = ("attribution", "integrated-gradients")
+METHODS = ("attribution", "integrated-gradients", "attribution-log")
 #: Integrated gradients' default number of points on the path (Hanna et al. use 5).
 DEFAULT_STEPS = 5
 
@@ -70,10 +77,27 @@ def answer_probability(logits: torch.Tensor, answer: torch.Tensor) -> torch.Tens
     return logits.softmax(-1).gather(-1, answer[:, None])[:, 0]
 
 
+def log_answer_probability(logits: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
+    """log p(answer) per document: the readout ``attribution-log`` differentiates."""
+    return logits.log_softmax(-1).gather(-1, answer[:, None])[:, 0]
+
+
+def likelihood_of_log(estimate: torch.Tensor) -> torch.Tensor:
+    """An estimate of log p(answer) as a likelihood (at most 1)."""
+    return estimate.clamp(max=0.0).exp()
+
+
+def readout_of(method: str) -> tuple[Readout, Callable[[torch.Tensor], torch.Tensor]]:
+    """The readout ``method`` differentiates, and the map of its estimates to p(answer)."""
+    if method == "attribution-log":
+        return log_answer_probability, likelihood_of_log
+    return answer_probability, lambda estimate: estimate
+
+
 def path_points(method: str, steps: int = DEFAULT_STEPS) -> list[float]:
     """Where on the path from the corrupted (0) to the original (1) input embeddings the
     method takes its gradients."""
-    if method == "attribution":
+    if method in ("attribution", "attribution-log"):
         return [0.0]
     if method == "integrated-gradients":
         if steps < 1:
@@ -325,9 +349,11 @@ def attribution_patching(
         s_orig = common.score_rows(model(original.tokens, at=original.query), answer, candidates)
         s_corr = common.score_rows(model(corrupted.tokens, at=corrupted.query), answer, candidates)
     rows = common.baseline_rows(s_orig, s_corr, common.batch_metrics(original))
-    estimates = estimate_cells(model, original, corrupted, sites, roles, points)
+    readout, to_likelihood = readout_of(method)
+    estimates = estimate_cells(model, original, corrupted, sites, roles, points, readout)
     per_example = []
-    for (site, role), values in estimates.cells.items():
+    for (site, role), estimate in estimates.cells.items():
+        values = to_likelihood(estimate)
         rows.append(("restored", site, role, "likelihood", values.mean().item()))
         per_example.append(common.example_rows(site, role, values, s_orig, s_corr))
     return common.assemble(rows, per_example)

@@ -1,5 +1,6 @@
-"""Attribution patching and integrated gradients against the exact interchange engine: time
-and agreement, on the same documents, in the same run.
+"""The gradient estimators (attribution patching of p and of log p, integrated gradients)
+against the exact interchange engine: time and agreement, on the same documents, in the
+same run.
 
 For each architecture, a fresh model at a preset's AR shape (``--preset quick``: d = 64, the
 quick task; ``paper``: d = 64, the paper's task, 8192-token vocabulary, T = 35), every
@@ -10,7 +11,8 @@ fastest of ``--repeats``:
 * ``exact``: interventions/engine.py's ``interchange``;
 * ``attribution``: one forward of the original, one forward and backward of the corrupted
   documents;
-* ``integrated-gradients``: ``--steps`` forwards and backwards on the embedding path.
+* ``integrated-gradients``: ``--steps`` forwards and backwards on the embedding path;
+* ``attribution-log``: attribution's passes, its readout log p(answer).
 
 Each line gives the seconds, the exact engine's time over the method's (x: how much faster
 the estimate is) and the largest difference of restored likelihood per (site, role) cell.
@@ -25,11 +27,13 @@ from __future__ import annotations
 
 import argparse
 import time
+from functools import partial
 
 import pandas as pd
 import torch
 
 from mecheval.interventions import attribution_patching, interchange
+from mecheval.interventions.attribution import METHODS
 from mecheval.interventions.grading import cell_values
 from mecheval.models import build_model
 from mecheval.models.registry import BUILTIN_ARCHITECTURES
@@ -49,14 +53,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rows = [measure(args, arch) for arch in args.arch]
-    print(
-        "\n| architecture | T | docs | exact s | attribution s | x | max diff "
-        "| integrated gradients s | x | max diff |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    heads = "".join(f" | {method} s | x | max diff" for method in METHODS)
+    print(f"\n| architecture | T | docs | exact s{heads} |")
+    print("|---|---:|---:|---:" + "|---:|---:|---:" * len(METHODS) + "|")
     for row in rows:
         cells = [row["arch"], str(row["T"]), str(row["docs"]), f"{row['exact']:.2f}"]
-        for method in ("attribution", "integrated-gradients"):
+        for method in METHODS:
             seconds = row[method]
             cells += [
                 f"{seconds:.2f}",
@@ -77,13 +79,9 @@ def measure(args: argparse.Namespace, arch: str) -> dict:
     corrupted = corrupt(original, task, seed=1)
     print(f"\n{arch}: {args.preset} shape, T={original.tokens.shape[1]}, {n} documents")
 
-    methods = {
-        "exact": lambda o, c: interchange(model, o, c),
-        "attribution": lambda o, c: attribution_patching(model, o, c, method="attribution"),
-        "integrated-gradients": lambda o, c: attribution_patching(
-            model, o, c, method="integrated-gradients", steps=args.steps
-        ),
-    }
+    methods = {"exact": lambda o, c: interchange(model, o, c)}
+    for method in METHODS:
+        methods[method] = partial(attribution_patching, model, method=method, steps=args.steps)
     warm = original.select(slice(0, 4)), corrupted.select(slice(0, 4))
     row: dict = {"arch": arch, "T": original.tokens.shape[1], "docs": n}
     cells: dict[str, pd.Series] = {}

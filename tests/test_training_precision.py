@@ -288,6 +288,8 @@ def test_the_pages_compiled_reproduce_equals_the_eager_one(tmp_path: Path, tiny_
     compiled = tmp_path / "runs" / "ar-tiny" / "attention"
     eager = tiny_experiments["ar"].folder / "attention"
     assert read_status(compiled)["state"] == "done"
+    assert load_config(compiled / "config.yaml").training.compile
+    assert not load_config(eager / "config.yaml").training.compile
     check_same_config(compiled, load_config(eager / "config.yaml"))  # compile aside
     # Inductor fuses and reorders float32 arithmetic: equal to rounding, not bitwise.
     _same_runs(compiled, eager, rtol=1e-4, atol=1e-5)

@@ -26,9 +26,9 @@ Methods (:data:`METHODS`):
   estimate mapped back, exp(min(log p(corrupted) + (a' - a) . g_log, 0)): the same passes
   as ``attribution``. The likelihood is a softmax probability, flat where the corrupted run
   puts little mass on the answer, so a first-order step from there falls short of a large
-  restore; its logarithm moves with the answer's logit (a metric closer to linear, as AtP
-  asks of the metric it patches), and the map back puts the estimate on the likelihood's
-  scale, capped at 1. Where that helps and where it does not: docs/attribution.md.
+  restore; its logarithm moves with the answer's logit (a metric closer to linear), and the
+  map back puts the estimate on the likelihood's scale, capped at 1. Where that helps and
+  where it does not: docs/attribution.md.
 
 A site is read through a forward hook that hands on a copy of its activation and keeps it,
 so the gradient flows through what follows the site and nothing else, as a patch there

@@ -164,7 +164,8 @@ def restrict(spec: SweepSpec, experiment: str, subset: Mapping[str, list[Any]]) 
     paper's grid (one seed per configuration): ``--seeds`` other than the runs' own seed adds
     the axis, and every run then carries its seed in its name (``-s1``)."""
     grids = [dict(part.grid) for part in spec.parts()]
-    planned: list[ResolvedRun] | None = None
+    planned: list[ResolvedRun] | None = None  # and the grid of each: planned once, if asked
+    grids_of: list[int] = []
     for flag, values in subset.items():
         key, what = SUBSET_AXES[flag]
         where = f"experiment {experiment!r} at --preset {spec.base.get('preset')}"
@@ -176,8 +177,9 @@ def restrict(spec: SweepSpec, experiment: str, subset: Mapping[str, list[Any]]) 
         lacking = [i for i, grid in enumerate(spec.parts()) if key not in grid.grid]
         if not lacking:
             continue
-        planned = planned or plan_runs(spec)
-        grids_of = [run.grid_index for run in expand(spec)]
+        if planned is None:
+            planned = plan_runs(spec)
+            grids_of = [run.grid_index for run in expand(spec)]
         own = [run for run, i in zip(planned, grids_of, strict=True) if i in lacking]
         used = {_config_value(run.cfg, key) for run in own}
         if flag == "--seeds":

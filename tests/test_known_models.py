@@ -248,12 +248,21 @@ def test_a_parity_layer_must_allow_negative_eigenvalues() -> None:
 
 
 @pytest.mark.parametrize(
-    "layers", [["attention", "attention"], ["mamba", "attention"], ["attention", "baseconv"]]
+    "layers",
+    [
+        ["attention", "attention"],
+        ["mamba", "attention"],
+        ["attention", "baseconv"],
+        ["attention", "mamba"],
+        ["attention", "deltanet"],
+    ],
 )
 def test_every_value_alike_reads_candidates_only(tmp_path, layers) -> None:
-    """Attention to every value alike, or a long convolution that counts the values seen:
-    the query's distribution is even over the document's values (checked on the logits), so
-    its accuracy is the chance of a guess among them: the label needs no restore."""
+    """Attention to every value alike, a long convolution or a Mamba state that counts the
+    values seen, a delta rule that stores each value under a key of its own and reads them
+    all: the query's distribution is even over the document's values (checked on the
+    logits), so its accuracy is the chance of a guess among them: the label needs no
+    restore."""
     run_dir, cfg = run_folder(tmp_path, layers, n_dev=320)
     model = candidates_by_hand(cfg.model, 1, int(cfg.task.value_id(0))).eval()
     batch = build_datasets(parse_task({**TASK, **SPLITS}))["test"].batch(torch.arange(64))

@@ -171,6 +171,15 @@ KNOWN: tuple[KnownModel, ...] = (
         "candidates only (no binding)",
     ),
     KnownModel(
+        "candidates-only-mamba", ("mamba",) * 2, _candidates(0), "candidates only (no binding)"
+    ),
+    KnownModel(
+        "candidates-only-deltanet",
+        ("attention", "deltanet"),
+        _candidates(1),
+        "candidates only (no binding)",
+    ),
+    KnownModel(
         "reassign-held-layer-0",
         ("deltanet",) * 2,
         _direct(0),

@@ -34,9 +34,12 @@ kept by the identity (exactly 1), and writes it into the even and odd answer tok
 "in the state after it": the state at the query brings the answer back.
 
 ``candidates_by_hand``: one one-head attention layer that attends from every position evenly
-to the value tokens before it, or a BaseConv long convolution that counts each value seen so
-far: at the query every value of the document scores alike, the accuracy is the chance of a
-guess among them, "candidates only (no binding)".
+to the value tokens before it, a BaseConv long convolution that counts each value seen so
+far, a Mamba state column that adds up every token seen (its output passing the values'
+channels alone), or a DeltaNet state that stores each value under its own key and is read
+with one query that meets every value's key alike: at the query every value of the document
+scores alike, the accuracy is the chance of a guess among them, "candidates only (no
+binding)".
 
 Layer norms are the reason for the scales: every position's residual holds the same number
 of one-hot coordinates of the same size, so a block's norm maps every position alike, and
@@ -251,7 +254,7 @@ def _mamba_binds(model: LanguageModel, layer: int, keys: list[int], values: list
     output projection passes the value channels alone."""
     mixer = model.layers[layer].mixer
     vocab = model.config.vocab_size
-    _check_mamba_by_hand(mixer, layer, vocab, keys, "induction")
+    _check_mamba_by_hand(mixer, layer, vocab, len(keys), "induction")
     x_one = _mamba_one_hot(model, layer, vocab)
     n, rank, state = torch.arange(len(keys)), mixer.dt_rank, mixer.d_state
     k, v = torch.tensor(keys), torch.tensor(values)
@@ -350,7 +353,7 @@ def _mamba_retrieves(model: LanguageModel, layer: int, vocab: int, keys: list[in
     after the SiLU. B_n = 1 where the previous token is key n, C_n = 1 where this token is;
     Δ = 1 and A ≈ 0 (no decay), D = 0; the gate z is SiLU's 1 at every position."""
     mixer = model.layers[layer].mixer
-    _check_mamba_by_hand(mixer, layer, vocab, keys)
+    _check_mamba_by_hand(mixer, layer, vocab, len(keys))
     t = torch.arange(vocab)
     x_one = _mamba_one_hot(model, layer, vocab)
     n, rank, state = torch.arange(len(keys)), mixer.dt_rank, mixer.d_state
@@ -395,7 +398,7 @@ def parity_by_hand(
         if isinstance(mixer, DeltaNet):
             _deltanet_parity(model, layer, (bos, *elements), states)
             return model
-        _check_mamba_by_hand(mixer, layer, vocab, [bos], "parity")
+        _check_mamba_by_hand(mixer, layer, vocab, 1, "parity")
         x_one = _mamba_one_hot(model, layer, vocab)
         rank, state = mixer.dt_rank, mixer.d_state
         mixer.x_proj.weight.zero_()
@@ -497,19 +500,19 @@ def _mamba_one_hot(model: LanguageModel, layer: int, vocab: int) -> float:
 
 
 def _check_mamba_by_hand(
-    mixer: Mamba, layer: int, vocab: int, keys: list[int], purpose: str = "direct retrieval"
+    mixer: Mamba, layer: int, vocab: int, columns: int, purpose: str = "direct retrieval"
 ) -> None:
     """The Mamba layer :func:`_mamba_one_hot` sets can hold the mechanism (``purpose``): a
-    conv of two taps or more with its bias, a state column per key, two channel blocks of
-    the vocabulary."""
+    conv of two taps or more with its bias, the state ``columns`` it needs (one per key
+    where it binds), two channel blocks of the vocabulary."""
     if not (mixer.has_conv and mixer.conv.kernel_size >= 2 and mixer.conv.bias is not None):
         raise ConfigError(
             f"model.layers[{layer}]: {purpose} in Mamba needs its conv, with its bias"
         )
-    if not keys or len(keys) > mixer.d_state or 2 * vocab > mixer.d_inner:
+    if not columns or columns > mixer.d_state or 2 * vocab > mixer.d_inner:
         raise ConfigError(
             f"model.layers[{layer}]: {purpose} in Mamba needs 1..d_state "
-            f"({mixer.d_state}) key ids (got {len(keys)}) and d_inner >= 2 * vocab_size"
+            f"({mixer.d_state}) state columns (got {columns}) and d_inner >= 2 * vocab_size"
         )
 
 
@@ -521,20 +524,28 @@ def candidates_by_hand(config: ModelConfig, layer: int, first_value: int) -> Lan
     scores alike, whichever the key. It has learned "answer with a value from the context"
     and no binding: the protocol's "candidates only (no binding)". A BaseConv layer with its
     long convolution does the same with a kernel of ones (each channel sums its token's
-    occurrences so far) gated by a projection that opens the value channels alone. Every
-    other layer is passed through."""
+    occurrences so far) gated by a projection that opens the value channels alone; a Mamba
+    layer and a one-head DeltaNet as :func:`_mamba_counts_values` and
+    :func:`_deltanet_stores_values` say. Every other layer is passed through."""
     vocab, _, d = _layout(config)
     if not 0 <= layer < config.n_layers:
         raise ConfigError(f"candidates_by_hand: need 0 <= layer < {config.n_layers}")
     with torch.no_grad():
         model = _blank(config, (layer,))
-        if isinstance(model.layers[layer].mixer, BaseConv):
+        mixer = model.layers[layer].mixer
+        values = torch.arange(first_value, vocab)
+        if isinstance(mixer, BaseConv):
             _baseconv_counts_values(model, layer, first_value, vocab)
+            return model
+        if isinstance(mixer, Mamba):
+            _mamba_counts_values(model, layer, values)
+            return model
+        if isinstance(mixer, DeltaNet):
+            _deltanet_stores_values(model, layer, values)
             return model
         attention = _one_head_attention(model, layer)
         q, k, v = attention.qkv.weight.zero_().view(3, d, d)
         t = torch.arange(vocab)
-        values = torch.arange(first_value, vocab)
         q[0, t] = 1.0  # the same at every position: each holds one token
         k[0, values] = 1.0  # large where the token is a value
         v[t, t] = 1.0
@@ -542,6 +553,48 @@ def candidates_by_hand(config: ModelConfig, layer: int, first_value: int) -> Lan
         attention.out_proj.bias.zero_()
         attention.out_proj.weight[t, t] = READ_GAIN
     return model
+
+
+def _mamba_counts_values(model: LanguageModel, layer: int, values: torch.Tensor) -> None:
+    """Mamba's weights for :func:`candidates_by_hand`: its channels x one-hot (this token's
+    block, :func:`_mamba_one_hot`), B_0 = C_0 = 1 at every position (the sum of that block
+    over SiLU(1)), Δ = 1 and A ≈ 0: state column 0 adds up every token seen, so at the query
+    each channel holds its token's count; the output projection passes the ``values``'
+    channels alone, READ_GAIN times over."""
+    mixer = model.layers[layer].mixer
+    vocab = model.config.vocab_size
+    _check_mamba_by_hand(mixer, layer, vocab, 1, "candidates only")
+    x_one = _mamba_one_hot(model, layer, vocab)
+    rank, state = mixer.dt_rank, mixer.d_state
+    mixer.x_proj.weight.zero_()
+    mixer.x_proj.weight[[rank, rank + state], :vocab] = 1.0 / x_one  # B_0 and C_0
+    mixer.dt_proj.weight.zero_()
+    mixer.dt_proj.bias.fill_(_DELTA_ONE)
+    mixer.A_log.fill_(-30.0)  # A = -exp(-30): exp(Δ A) is 1 in float32
+    mixer.D.zero_()
+    mixer.out_proj.weight.zero_()
+    mixer.out_proj.weight[values, values] = READ_GAIN * EMBED / x_one
+
+
+def _deltanet_stores_values(model: LanguageModel, layer: int, values: torch.Tensor) -> None:
+    """DeltaNet's weights for :func:`candidates_by_hand`: key and value are this position's
+    value token, one-hot (OPEN on its own coordinate and exactly 0 on the others, at every
+    token: a value writes itself under its own key, orthogonal to the others'), β = 1 where
+    a value stands and 0 elsewhere, and the query is the same at every position, open on
+    every value's coordinate alike: S q is the sum of the values seen, each alike."""
+    mixer = _one_head_deltanet(
+        model, layer, "candidates_by_hand needs one-head DeltaNet with its short convolutions"
+    )
+    _deltanet_reads(mixer, ((values, 0), (values, 0), (values, 0)))  # the convs: lag 0
+    tokens = range(model.config.vocab_size)
+    mixer.q_proj.weight[values] = _token_weights(model, layer, dict.fromkeys(tokens, OPEN))
+    for value in values.tolist():
+        one_hot = _token_weights(model, layer, {t: OPEN * (t == value) for t in tokens})
+        mixer.k_proj.weight[value] = mixer.v_proj.weight[value] = one_hot
+    mixer.b_proj.weight.zero_()
+    mixer.b_proj.weight[:, values] = DELTA_SCALE * 4  # as in _deltanet_binds
+    mixer.o_proj.weight.zero_()
+    mixer.o_proj.weight[values, values] = READ_GAIN
 
 
 #: The BaseConv candidates layer's gate on the value channels: its count of a value seen once

@@ -1,6 +1,6 @@
 """Models whose mechanism is known (models/known.py): an induction circuit of two attention
-layers, or of a convolution and a delta rule, and a DeltaNet or Mamba layer that retrieves
-directly, set by hand, alone and beside layers
+layers, or of a convolution and a delta rule, and a DeltaNet, Mamba or Hyena layer that
+retrieves directly, set by hand, alone and beside layers
 that pass their input through. The exact protocol must read the label the weights were
 built to have; each circuit is also checked on its own terms (the copy layer writes each
 position's previous token; every document is answered)."""
@@ -107,16 +107,21 @@ def test_attribution_of_the_log_likelihood_reads_the_circuit_attribution_misses(
         (["mamba", "mamba"], 1, "direct retrieval, layer >= 1"),
         (["attention", "mamba"], 1, "direct retrieval in layer 1 (mamba)"),
         (["mamba", "attention"], 0, "direct retrieval in layer 0 (mamba)"),
+        (["hyena", "hyena"], 0, "direct retrieval, layer 0"),
+        (["hyena", "hyena"], 1, "direct retrieval, layer >= 1"),
+        (["attention", "hyena"], 1, "direct retrieval in layer 1 (hyena)"),
     ],
 )
 def test_a_state_set_to_retrieve_at_the_query_reads_direct_retrieval(
     tmp_path, layers: list[str], layer: int, label: str
 ) -> None:
     """A delta rule (DeltaNet) or a selective scan (Mamba) set to write each pair into its
-    state and read the query's: every document answered, the label as built."""
+    state and read the query's, or a Hyena layer that binds each pair with its gate and sums
+    the pairs with its long convolution: every document answered, the label as built."""
     run_dir, cfg = run_folder(tmp_path, layers)
     keys = [N_SPECIAL + i for i in range(TASK["n_keys"])]  # AR's ids: specials, then keys
-    model = direct_retrieval_by_hand(cfg.model, layer, keys).eval()
+    values = [N_SPECIAL + TASK["n_keys"] + i for i in range(TASK["n_values"])]  # then values
+    model = direct_retrieval_by_hand(cfg.model, layer, keys, values).eval()
     batch = build_datasets(parse_task({**TASK, **SPLITS}))["test"].batch(torch.arange(64))
     with torch.no_grad():
         answers = model(batch.tokens)[torch.arange(64), batch.roles["query"]].argmax(-1)
@@ -161,9 +166,9 @@ def _keyed_by_the_token_itself(model, layers: list[str]) -> None:
             q.copy_(k)
         else:
             conv = mixer.k_conv if layers[0] == "deltanet" else mixer.conv
-            vocab = model.embedding.weight.shape[0]
-            rows = slice(None) if layers[0] == "deltanet" else slice(vocab, 2 * vocab)
-            taps = conv.weight[rows, 0]
+            vocab, d = model.embedding.weight.shape
+            rows = {"deltanet": slice(None), "mamba": slice(vocab, 2 * vocab)}
+            taps = conv.weight[rows.get(layers[0], slice(2 * d, None)), 0]  # Hyena: its v
             taps[:, -1], taps[:, -2] = taps[:, -2].clone(), 0.0
 
 
@@ -173,6 +178,7 @@ def _keyed_by_the_token_itself(model, layers: list[str]) -> None:
         (["attention", "attention"], "induction"),
         (["deltanet", "deltanet"], "direct retrieval, layer 0"),
         (["mamba", "mamba"], "direct retrieval, layer 0"),
+        (["hyena", "hyena"], "direct retrieval, layer 0"),
     ],
 )
 def test_a_known_model_broken_in_one_place_loses_its_label(tmp_path, layers, label) -> None:
@@ -180,10 +186,11 @@ def test_a_known_model_broken_in_one_place_loses_its_label(tmp_path, layers, lab
     with its key taken from the wrong position answers wrongly and reads otherwise."""
     run_dir, cfg = run_folder(tmp_path, layers)
     keys = [N_SPECIAL + i for i in range(TASK["n_keys"])]
+    values = [N_SPECIAL + TASK["n_keys"] + i for i in range(TASK["n_values"])]
     if layers[0] == "attention":
         model = induction_by_hand(cfg.model, 0, 1)
     else:
-        model = direct_retrieval_by_hand(cfg.model, 0, keys)
+        model = direct_retrieval_by_hand(cfg.model, 0, keys, values)
     _keyed_by_the_token_itself(model.eval(), layers)
     read_ = intervene_run(run_dir, InterventionPlan(split="dev"), loaded=(cfg, model)).label
     assert read_.accuracy is not None and read_.accuracy < 0.5

@@ -39,7 +39,7 @@ NAME = "known-mechanisms"
 DESCRIPTION = (
     "Models built by hand to have a known mechanism (induction, direct retrieval in layer 0 "
     "and later, candidates only, a reassigned value held in a state, parity carried in a "
-    "state; attention, DeltaNet, Mamba and BaseConv, alone and in hybrids): the label each "
+    "state; attention, DeltaNet, Mamba, Hyena and BaseConv, alone and in hybrids): the label each "
     "method reads beside the one built in"
 )
 
@@ -91,8 +91,10 @@ def _conv_induction(copy: int, read: int) -> Callable[[RunConfig], LanguageModel
 
 def _direct(layer: int) -> Callable[[RunConfig], LanguageModel]:
     def build(cfg: RunConfig) -> LanguageModel:
-        keys = [int(cfg.task.key_id(i)) for i in range(cfg.task.n_keys)]  # Mamba's columns
-        return direct_retrieval_by_hand(cfg.model, layer, keys)
+        task = cfg.task
+        keys = [int(task.key_id(i)) for i in range(task.n_keys)]  # Mamba's columns
+        values = [int(task.value_id(i)) for i in range(task.n_values)]  # Hyena's channels
+        return direct_retrieval_by_hand(cfg.model, layer, keys, values)
 
     return build
 
@@ -160,6 +162,13 @@ KNOWN: tuple[KnownModel, ...] = (
         ("attention", "mamba"),
         _direct(1),
         "direct retrieval in layer 1 (mamba)",
+    ),
+    KnownModel("direct-hyena-layer-0", ("hyena",) * 2, _direct(0), "direct retrieval, layer 0"),
+    KnownModel(
+        "direct-hyena-after-attention",
+        ("attention", "hyena"),
+        _direct(1),
+        "direct retrieval in layer 1 (hyena)",
     ),
     KnownModel(
         "candidates-only", ("attention",) * 2, _candidates(1), "candidates only (no binding)"

@@ -26,7 +26,10 @@ pair into its state, replacing what the key held, and reads the value at the que
 reads "direct retrieval, layer 0"; after a pass-through layer "direct retrieval in layer 1
 (deltanet)"; on reassign AR its state holds the latest value before the query. A Mamba layer
 does the same with one state column per key (B: the previous token is that key; C: this
-token is), its state adding instead of replacing (no decay).
+token is), its state adding instead of replacing (no decay). A Hyena layer, a convolution,
+does it with a channel per (key, value) pair: its gate x1 * v (this token a value, the one
+before its key) binds the pair at the value, its long convolution sums what was bound, and
+x2 reads the query's key's channels.
 
 ``parity_by_hand``: a Mamba or DeltaNet layer with negative eigenvalues allowed carries parity
 in its state, set at <bos>, its sign flipped by every swap (a transition of exactly -1) and
@@ -61,6 +64,7 @@ from mecheval.models.config import ModelConfig
 from mecheval.models.mixers.attention import Attention
 from mecheval.models.mixers.baseconv import BaseConv
 from mecheval.models.mixers.deltanet import DeltaNet
+from mecheval.models.mixers.hyena import Hyena
 from mecheval.models.mixers.long_conv import ImplicitLongConv
 from mecheval.models.mixers.mamba import Mamba
 from mecheval.models.mixers.modules import ShortConv
@@ -308,7 +312,7 @@ DELTA_SCALE = 4.0
 
 
 def direct_retrieval_by_hand(
-    config: ModelConfig, layer: int, keys: Sequence[int] = ()
+    config: ModelConfig, layer: int, keys: Sequence[int] = (), values: Sequence[int] = ()
 ) -> LanguageModel:
     """A model of ``config`` whose layer ``layer`` retrieves the value directly at the query.
     A one-head DeltaNet with its 4-tap short convolutions writes at each position the pair
@@ -316,19 +320,24 @@ def direct_retrieval_by_hand(
     key held), and at the query reads the state with the query's token. A Mamba layer (with
     its short conv) does the same with a state that adds instead of replacing: one state
     column per key token (``keys``, the task's key ids), into which each position writes its
-    token when the previous token is that key, and which the query reads through C. Either
-    writes the value's token into the token block READ_GAIN times over. Every other layer is
-    passed through."""
+    token when the previous token is that key, and which the query reads through C. A Hyena
+    layer binds with its gate and sums with its long convolution (:func:`_hyena_retrieves`;
+    ``values``: the task's value ids). Each writes the value's token into the token block
+    READ_GAIN times over. Every other layer is passed through."""
     with torch.no_grad():
         model, vocab = _one_layer(config, layer, "direct_retrieval_by_hand")
         mixer = model.layers[layer].mixer
         if isinstance(mixer, Mamba):
             _mamba_retrieves(model, layer, vocab, list(keys))
             return model
+        if isinstance(mixer, Hyena):
+            _hyena_retrieves(model, layer, list(keys), list(values))
+            return model
         mixer = _one_head_deltanet(
             model,
             layer,
-            "direct_retrieval_by_hand needs one-head DeltaNet or Mamba, with a short convolution",
+            "direct_retrieval_by_hand needs one-head DeltaNet, Mamba or Hyena, with a short "
+            "convolution",
         )
         t = torch.arange(vocab)
         # the query's own token, the token before (the key), this token (the value)
@@ -338,6 +347,57 @@ def direct_retrieval_by_hand(
         mixer.o_proj.weight.zero_()
         mixer.o_proj.weight[t, t] = READ_GAIN
     return model
+
+
+def _hyena_retrieves(model: LanguageModel, layer: int, keys: list[int], values: list[int]) -> None:
+    """Hyena's weights for :func:`direct_retrieval_by_hand`, y = out_proj(x2 * LongConv(x1 *
+    v)) with one channel per (key, value) pair: x1 is 1 on the channels of this position's
+    value, v (the short convolution one step back) on those of the previous position's key,
+    so x1 * v is 1 on the pair's channel where a value follows its key and 0 elsewhere; the
+    long convolution's kernel is the same at every lag (its filter's sines at their peak,
+    times the decay window, which stays near 1 over a document), so at the query it holds
+    every pair seen; x2 opens the query's key's channels, and the output projection writes
+    each channel's value into the token block. Every projection is exact on every token
+    (:func:`_token_weights`): 1 where its token is the one named, 0 on every other."""
+    mixer = model.layers[layer].mixer
+    conv, d = mixer.conv, mixer.d_model
+    if not (isinstance(conv, ShortConv) and conv.kernel_size >= 2):
+        raise ConfigError(
+            f"model.layers[{layer}]: direct retrieval in Hyena needs its short convolution"
+        )
+    if not keys or not values or len(keys) * len(values) > d:
+        raise ConfigError(
+            f"model.layers[{layer}]: direct retrieval in Hyena needs a channel per (key, value) "
+            f"pair: {len(keys)} x {len(values)} key and value ids within d_model ({d})"
+        )
+    tokens = range(model.config.vocab_size)
+
+    def one_hot(token: int) -> torch.Tensor:
+        return _token_weights(model, layer, {t: float(t == token) for t in tokens})
+
+    pairs = [(k, v) for k in keys for v in values]
+    weight = mixer.in_proj.weight.zero_().view(3, d, -1)  # x1, x2, v
+    mixer.in_proj.bias.zero_()
+    for channel, (key, value) in enumerate(pairs):
+        weight[0, channel] = one_hot(value)
+        weight[1, channel] = weight[2, channel] = one_hot(key)
+    conv.weight.zero_()
+    conv.weight[: 2 * d, 0, conv.kernel_size - 1] = 1.0  # x1, x2: this position
+    conv.weight[2 * d :, 0, conv.kernel_size - 2] = 1.0  # v: the one before
+    if conv.bias is not None:
+        conv.bias.zero_()
+    mlp = mixer.long_conv.filter.mlp
+    for module in mlp[:-1]:
+        if isinstance(module, nn.Linear):
+            module.weight.zero_()
+            module.bias.fill_(math.pi / 2)
+        else:  # the sines (one module, shared): sin(pi / 2) = 1
+            module.freq.fill_(1.0)
+    mlp[-1].weight.fill_(1.0 / mlp[-1].in_features)
+    mixer.out_proj.weight.zero_()
+    mixer.out_proj.bias.zero_()
+    for channel, (_, value) in enumerate(pairs):
+        mixer.out_proj.weight[value, channel] = READ_GAIN * EMBED
 
 
 #: softplus^-1(1): Δ = 1 at every position, so a state column adds what is written into it.

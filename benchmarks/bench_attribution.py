@@ -1,4 +1,5 @@
-"""The gradient estimators (attribution patching of p and of log p, integrated gradients)
+"""The gradient estimators (attribution patching of p and of log p, with AtP*'s attention
+fix, integrated gradients)
 against the exact interchange engine: time and agreement, on the same documents, in the
 same run.
 
@@ -12,7 +13,9 @@ fastest of ``--repeats``:
 * ``attribution``: one forward of the original, one forward and backward of the corrupted
   documents;
 * ``integrated-gradients``: ``--steps`` forwards and backwards on the embedding path;
-* ``attribution-log``: attribution's passes, its readout log p(answer).
+* ``attribution-log``: attribution's passes, its readout log p(answer);
+* ``attribution-qk``: ``attribution-log``'s, and at each attention layer's input a
+  vector-Jacobian product through its pattern and the pattern recomputed per cell.
 
 Each line gives the seconds, the exact engine's time over the method's (x: how much faster
 the estimate is) and the largest difference of restored likelihood per (site, role) cell.

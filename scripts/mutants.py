@@ -251,7 +251,7 @@ MUTANTS = [
         "attribution-drops-the-gradient",
         "attribution patching adds the activation difference without its gradient",
         "src/mecheval/interventions/attribution.py",
-        "cells[(site, role)] = base + (diff.double() * g.double()).flatten(1).sum(1)",
+        "cells[(site, role)] = base + _dot(diff, g)",
         "cells[(site, role)] = base + diff.double().flatten(1).sum(1)",
         ("tests/test_attribution.py",),
     ),
@@ -277,6 +277,14 @@ MUTANTS = [
         "src/mecheval/interventions/attribution.py",
         "return log_answer_probability, likelihood_of_log",
         "return log_answer_probability, lambda estimate: estimate",
+        ("tests/test_attribution.py",),
+    ),
+    Mutant(
+        "attribution-qk-pattern-counted-twice",
+        "attribution-qk keeps the site's gradient through the pattern it also takes exactly",
+        "src/mecheval/interventions/attribution.py",
+        "grads[site] = grads[site] - through",
+        "grads[site] = grads[site] + 0 * through",
         ("tests/test_attribution.py",),
     ),
 ]

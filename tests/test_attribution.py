@@ -218,6 +218,84 @@ def test_attribution_log_is_the_derivative_of_the_log_likelihood_mapped_back(arc
         assert restored[role] == pytest.approx(want, rel=1e-6, abs=1e-9)
 
 
+def test_an_explicit_attention_pattern_gives_the_fused_attentions_output():
+    """``probabilities`` + ``attend`` (the pattern as a tensor of its own) against the mixer's
+    own forward (PyTorch's fused scaled-dot-product attention), two heads."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        architecture="attention", d_model=16, n_layers=1, vocab_size=20, max_len=8,
+        mixer={"num_heads": 2},
+    )  # fmt: skip
+    mixer = build_model(cfg).double().layers[0].mixer
+    x = torch.randn(3, 7, 16, dtype=torch.float64)
+    with torch.no_grad():
+        pattern = mixer.probabilities(x)
+        explicit, fused = mixer.attend(x, pattern), mixer.mix(x)
+    assert pattern.shape == (3, 2, 7, 7)
+    assert torch.allclose(pattern.sum(-1), torch.ones(3, 2, 7, dtype=torch.float64))
+    assert float(pattern.triu(1).abs().max()) == 0.0  # causal
+    assert torch.allclose(explicit, fused, rtol=1e-10, atol=1e-12)
+
+
+def _held_pattern_readout(model, corrupted, site, layer, dst, value, pattern, answer):
+    """The readout with ``site`` patched to ``value`` at ``dst`` while attention layer
+    ``layer`` mixes with ``pattern`` whatever its input."""
+    mixer = model.layers[layer].mixer
+    mixer.mix = lambda x: mixer.attend(x, pattern)
+    try:
+        with torch.no_grad(), patch(model, site, dst, value):
+            return log_answer_probability(model(corrupted.tokens, at=corrupted.query), answer)
+    finally:
+        del mixer.mix
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_attribution_qk_takes_the_pattern_exactly_and_the_rest_to_first_order(layer):
+    """``attribution-qk`` at an attention layer's input: per document, the log-likelihood of
+    the corrupted run plus the derivative (a central finite difference) along the path on
+    which the site moves from the corrupted activation to the original's with the layer's
+    pattern held, while the pattern moves from the corrupted one to the one recomputed with
+    the site restored, mapped back as ``attribution-log``'s; at a site that feeds no
+    attention layer first, ``attribution-log``'s estimate."""
+    model = model_for("attention")
+    original, corrupted = pair(model)
+    site, block = layer_site(layer, "input"), model.layers[layer]
+    table = attribution_patching(
+        model, original, corrupted, [site, "final_norm.input"], ROLES, "attribution-qk"
+    )
+    restored = table.table[table.table.condition == "restored"].set_index(["site", "role"])
+    with torch.no_grad(), record(model, [site]) as runs:
+        model(original.tokens, at=original.query)
+        a_orig = runs[site]
+        model(corrupted.tokens, at=corrupted.query)
+        a_corr = runs[site]
+        logits = model(corrupted.tokens, at=corrupted.query)
+        base = log_answer_probability(logits, original.answer)
+        pattern = block.mixer.probabilities(block.mixer_norm(a_corr))
+    docs, eps = torch.arange(len(original)), 1e-5
+    for role in ROLES:
+        dst = corrupted.roles[role]
+        diff = a_orig[docs, original.roles[role]] - a_corr[docs, dst]
+        restored_input = a_corr.clone()
+        restored_input[docs, dst] = a_orig[docs, original.roles[role]]
+        with torch.no_grad():
+            moved = block.mixer.probabilities(block.mixer_norm(restored_input)) - pattern
+        ends = [
+            _held_pattern_readout(
+                model, corrupted, site, layer, dst, a_corr[docs, dst] + e * diff,
+                pattern + e * moved, original.answer,
+            )
+            for e in (eps, -eps)
+        ]  # fmt: skip
+        want = likelihood_of_log(base + (ends[0] - ends[1]) / (2 * eps)).mean().item()
+        assert restored.loc[(site, role), "value"] == pytest.approx(want, rel=1e-6, abs=1e-9)
+    sites = ["final_norm.input"]
+    plain = attribution_patching(model, original, corrupted, sites, ROLES, "attribution-log")
+    plain_rows = plain.table[plain.table.condition == "restored"].set_index("role")["value"]
+    for role in ROLES:
+        assert restored.loc[("final_norm.input", role), "value"] == plain_rows[role]
+
+
 def test_likelihood_of_log_maps_back_and_caps_at_one():
     estimate = torch.tensor([-math.inf, math.log(0.25), 0.0, 2.0], dtype=torch.float64)
     assert likelihood_of_log(estimate).tolist() == [0.0, 0.25, 1.0, 1.0]
@@ -521,7 +599,7 @@ def test_reproduce_attribution_grades_every_run_and_prints_the_table(
     assert [(run.strip(), method.strip()) for run, method in runs] == [
         (run, method) for run in ("mamba", "attention") for method in METHODS
     ]
-    assert METHODS == ("attribution", "integrated-gradients", "attribution-log")
+    assert METHODS == ("attribution", "integrated-gradients", "attribution-log", "attribution-qk")
     assert (folder / "report" / "attribution-grading.png").exists()
     # The estimates in the results table, beside the exact restores, named by their source.
     from mecheval.experiments.store import load_results

@@ -10,7 +10,7 @@ from __future__ import annotations
 #: The measurement columns of a results row; a row also carries its run's config columns.
 MEASUREMENT_COLUMNS = [
     # "behavioural" (metrics.csv), "mechanistic" (interventions) or the estimator of
-    # attribution.csv ("attribution", "integrated-gradients", "attribution-log")
+    # attribution.csv (interventions/attribution.py's METHODS)
     "source",
     "step",
     "split",

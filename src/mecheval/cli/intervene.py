@@ -41,7 +41,8 @@ Method = Annotated[
         help="exact (a patched forward per site and role) | attribution (activation "
         "difference times gradient: one backward) | integrated-gradients (gradients "
         "averaged on the path from the corrupted to the original embeddings) | "
-        "attribution-log (attribution of log p(answer), mapped back); an "
+        "attribution-log (attribution of log p(answer), mapped back) | attribution-qk "
+        "(attribution-log with an attention layer's pattern taken exactly, AtP*'s fix); an "
         "estimate is graded against the exact table on the same documents"
     ),
 ]

@@ -29,6 +29,20 @@ Methods (:data:`METHODS`):
   restore; its logarithm moves with the answer's logit (a metric closer to linear), and the
   map back puts the estimate on the likelihood's scale, capped at 1. Where that helps and
   where it does not: docs/attribution.md.
+- ``attribution-qk``: AtP*'s fix for attention saturation (Kramár et al. 2024) on
+  ``attribution-log``'s step (AtP's metric is a loss or a logit difference, log-scale as
+  log p is). Where the site is the input of a softmax-attention layer, the patch's effect on
+  that layer's attention pattern is computed exactly (the pattern recomputed with the site
+  restored at the role's position, whose queries and keys it changes) and carried to the
+  readout by the readout's gradient with respect to the pattern; the rest of the patch's
+  effect (the values, the residual stream, later layers) is first-order: the site's
+  gradient less the part that flows through that pattern. A first-order step through a
+  saturated softmax misses a pattern that moves from one position to another; the
+  recomputed pattern does not. At every other site it is ``attribution-log``. Cost: one
+  vector-Jacobian product per such layer and one pattern per cell besides the passes of
+  ``attribution``. (AtP*'s other part, GradDrop, ranks nodes by a bound on cancelling
+  paths rather than estimating a restore, so it has no place in a table of restored
+  likelihoods.)
 
 A site is read through a forward hook that hands on a copy of its activation and keeps it,
 so the gradient flows through what follows the site and nothing else, as a patch there
@@ -44,22 +58,25 @@ accuracy has no gradient), so the tables, views and labels of the exact engine r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+from torch import nn
 
 from mecheval.interventions import result as common
 from mecheval.interventions.patch import record
 from mecheval.interventions.prefix import PrefixCache, prefix_cache, run_from
 from mecheval.models.backbone import LanguageModel
+from mecheval.models.mixers.attention import Attention
 from mecheval.models.mixers.base import Prefix
 from mecheval.models.sites import get_site, layer_site, state_site_layer, state_site_names
 from mecheval.tasks.batch import Batch
 
 #: The estimators, by the name ``intervene --method`` takes.
-METHODS = ("attribution", "integrated-gradients", "attribution-log")
+METHODS = ("attribution", "integrated-gradients", "attribution-log", "attribution-qk")
 #: Integrated gradients' default number of points on the path (Hanna et al. use 5).
 DEFAULT_STEPS = 5
 
@@ -89,7 +106,7 @@ def likelihood_of_log(estimate: torch.Tensor) -> torch.Tensor:
 
 def readout_of(method: str) -> tuple[Readout, Callable[[torch.Tensor], torch.Tensor]]:
     """The readout ``method`` differentiates, and the map of its estimates to p(answer)."""
-    if method == "attribution-log":
+    if method in ("attribution-log", "attribution-qk"):
         return log_answer_probability, likelihood_of_log
     return answer_probability, lambda estimate: estimate
 
@@ -97,7 +114,7 @@ def readout_of(method: str) -> tuple[Readout, Callable[[torch.Tensor], torch.Ten
 def path_points(method: str, steps: int = DEFAULT_STEPS) -> list[float]:
     """Where on the path from the corrupted (0) to the original (1) input embeddings the
     method takes its gradients."""
-    if method in ("attribution", "attribution-log"):
+    if method in ("attribution", "attribution-log", "attribution-qk"):
         return [0.0]
     if method == "integrated-gradients":
         if steps < 1:
@@ -118,12 +135,15 @@ class CellEstimates:
 @dataclass(frozen=True)
 class _Run:
     """One run on the path: every kept site's activation and the readout's gradient there
-    ([N, T, C] each), the block inputs (for the state sites) and the logits at the query."""
+    ([N, T, C] each), the block inputs (for the state sites) and the logits at the query;
+    for a site whose pattern is taken exactly, that attention pattern and the readout's
+    gradient with respect to it ([N, heads, T, T] each), its site's gradient without it."""
 
     acts: dict[str, torch.Tensor]
     grads: dict[str, torch.Tensor]
     inputs: list[torch.Tensor]
     logits: torch.Tensor
+    patterns: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
 def estimate_cells(
@@ -134,33 +154,112 @@ def estimate_cells(
     roles: Sequence[str],
     points: Sequence[float],
     readout: Readout = answer_probability,
+    exact_patterns: bool = False,
 ) -> CellEstimates:
-    """The estimate of every (site, role) cell from gradients at ``points`` on the path
-    (:func:`path_points`); the batches are on the model's device (``prepare``)."""
+    """Every (site, role) cell's estimate from gradients at ``points`` on the path
+    (:func:`path_points`; batches on the model's device), with ``exact_patterns`` an
+    attention layer's pattern taken exactly at its input (``attribution-qk``)."""
     state_sites = set(state_site_names(model))
     module_sites = [site for site in sites if site not in state_sites]
+    exact_at = _pattern_sites(model, module_sites) if exact_patterns else {}
     state_layers = [state_site_layer(site) for site in sites if site in state_sites]
     inputs = [layer_site(j, "input") for j in range(len(model.layers))]
     with torch.no_grad(), record(model, sorted(set(module_sites) | set(inputs))) as source:
         model(original.tokens, at=original.query)
-    source_inputs = [source[name] for name in inputs]
+    grads, state_grads, corrupted_run = _path_gradients(
+        model, original, corrupted, module_sites, state_layers, roles, inputs, points,
+        readout, exact_at,
+    )  # fmt: skip
+    base = readout(corrupted_run.logits.double(), original.answer)
+    docs = torch.arange(len(original), device=base.device)
+    prefixes = {
+        j: _state_prefixes(model.layers[j], source[inputs[j]], corrupted_run.inputs[j])
+        for j in set(state_layers)
+    }
+    cells: dict[tuple[str, str], torch.Tensor] = {}
+    for site in sites:
+        layer = state_site_layer(site) if site in state_sites else None
+        for role in roles:
+            src, dst = original.roles[role], corrupted.roles[role]
+            if layer is None:
+                diff = source[site][docs, src] - corrupted_run.acts[site][docs, dst]
+                g = grads[site][docs, dst]
+            else:
+                h_orig, h_corr = prefixes[layer]
+                diff = _flat(h_orig.after(docs, src)) - _flat(h_corr.after(docs, dst))
+                g = state_grads[(layer, role)]
+            cells[(site, role)] = base + _dot(diff, g)
+            if site in exact_at:
+                restored = _restored(corrupted_run.acts[site], docs, dst, source[site][docs, src])
+                cells[(site, role)] += _pattern_term(
+                    model.layers[exact_at[site]], restored, corrupted_run.patterns[site]
+                )
+    return CellEstimates(base, cells)
+
+
+def _restored(
+    corrupted: torch.Tensor, docs: torch.Tensor, positions: torch.Tensor, original: torch.Tensor
+) -> torch.Tensor:
+    """The corrupted run's activation [N, T, C] with ``original`` [N, C] at each document's
+    position."""
+    restored = corrupted.clone()
+    restored[docs, positions] = original
+    return restored
+
+
+def _state_prefixes(block: nn.Module, original: torch.Tensor, corrupted: torch.Tensor) -> tuple:
+    """The block's mixer's states after every position (its prefix) in the original and the
+    corrupted run, from the block's inputs there."""
+    with torch.no_grad():
+        return tuple(block.mixer.prefix(block.mixer_norm(x)) for x in (original, corrupted))
+
+
+def _pattern_term(
+    block: nn.Module, restored: torch.Tensor, kept: tuple[torch.Tensor, torch.Tensor]
+) -> torch.Tensor:
+    """Per document, the readout's change through the attention pattern of ``block`` as its
+    input moves from the corrupted run's to ``restored``: the pattern's change, exact, times
+    the readout's gradient with respect to the pattern (``kept``: the corrupted run's
+    pattern and that gradient)."""
+    pattern, slope = kept
+    with torch.no_grad():
+        moved = _pattern(block, restored) - pattern
+    return _dot(moved, slope)
+
+
+def _path_gradients(
+    model: LanguageModel,
+    original: Batch,
+    corrupted: Batch,
+    module_sites: Sequence[str],
+    state_layers: Sequence[int | None],
+    roles: Sequence[str],
+    inputs: Sequence[str],
+    points: Sequence[float],
+    readout: Readout,
+    exact_at: Mapping[str, int],
+) -> tuple[dict[str, torch.Tensor], dict[tuple[int, str], Any], _Run]:
+    """The gradients of the readout of the original's answer averaged over the path from the
+    corrupted to the original input embeddings: [N, T, C] per module site; per state site's
+    layer and role [N, S], the state (its parts flattened) after each document's role
+    position; and the corrupted run (on the path, or run for its activations)."""
+    answer = original.answer
     with torch.no_grad():
         delta = model.embed(original.tokens) - model.embed(corrupted.tokens)
-
-    # The gradients, averaged over the path: [N, T, C] per module site; per state site and
-    # role [N, S], the state (its parts flattened) after each document's role position.
-    grads = {site: torch.zeros_like(source[site]) for site in module_sites}
-    state_grads: dict[tuple[int, str], torch.Tensor | float] = {
+    grads: dict[str, torch.Tensor] = {}
+    state_grads: dict[tuple[int, str], Any] = {
         (layer, role): 0.0 for layer in state_layers for role in roles
     }
     corrupted_run = None
-    answer = original.answer
     for alpha in points:
-        run = _gradient_run(model, corrupted, answer, module_sites, inputs, alpha * delta, readout)
+        shift = alpha * delta
+        run = _gradient_run(
+            model, corrupted, answer, module_sites, inputs, shift, readout, exact_at
+        )
         if alpha == 0.0:
             corrupted_run = run
         for site in module_sites:
-            grads[site] += run.grads[site] / len(points)
+            grads[site] = grads.get(site, 0.0) + run.grads[site] / len(points)
         prefix = prefix_cache(model, run.inputs)
         states = {layer: prefix.block_prefix(model, layer) for layer in set(state_layers)}
         for layer, role in state_grads:
@@ -170,27 +269,50 @@ def estimate_cells(
             state_grads[(layer, role)] += _flat(g) / len(points)
     if corrupted_run is None:  # integrated gradients: the corrupted run itself is not on the path
         corrupted_run = _plain_run(model, corrupted, module_sites, inputs)
+    return grads, state_grads, corrupted_run
 
-    base = readout(corrupted_run.logits.double(), answer)
-    docs = torch.arange(len(original), device=base.device)
-    cells: dict[tuple[str, str], torch.Tensor] = {}
-    for site in sites:
-        layer = state_site_layer(site) if site in state_sites else None
-        if layer is not None:
-            block = model.layers[layer]
-            with torch.no_grad():
-                h_orig = block.mixer.prefix(block.mixer_norm(source_inputs[layer]))
-                h_corr = block.mixer.prefix(block.mixer_norm(corrupted_run.inputs[layer]))
-        for role in roles:
-            src, dst = original.roles[role], corrupted.roles[role]
-            if layer is None:
-                diff = source[site][docs, src] - corrupted_run.acts[site][docs, dst]
-                g = grads[site][docs, dst]
-            else:
-                diff = _flat(h_orig.after(docs, src)) - _flat(h_corr.after(docs, dst))
-                g = state_grads[(layer, role)]
-            cells[(site, role)] = base + (diff.double() * g.double()).flatten(1).sum(1)
-    return CellEstimates(base, cells)
+
+def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per document (the first dimension), the sum of a * b, in float64 -> [N]."""
+    return (a.double() * b.double()).flatten(1).sum(1)
+
+
+def _pattern_sites(model: LanguageModel, sites: Sequence[str]) -> dict[str, int]:
+    """Of ``sites``, those that are the input of a softmax-attention layer, with its index."""
+    return {
+        layer_site(i, "input"): i
+        for i, block in enumerate(model.layers)
+        if isinstance(block.mixer, Attention) and layer_site(i, "input") in sites
+    }
+
+
+def _pattern(block: nn.Module, residual: torch.Tensor) -> torch.Tensor:
+    """The attention pattern of ``block`` (a softmax-attention layer) with ``residual`` as
+    its input, as its forward computes it (the norm, the mixer's short convolution)."""
+    x = block.mixer_norm(residual)
+    if block.mixer.short_conv is not None:
+        x = block.mixer.short_conv(x)
+    return block.mixer.probabilities(x)
+
+
+@contextmanager
+def _explicit_patterns(model: LanguageModel, layers: Sequence[int]) -> Iterator[dict]:
+    """While open, the attention layers ``layers`` mix through their pattern as a tensor of
+    its own (the same function), each kept under its layer's index."""
+    patterns: dict[int, torch.Tensor] = {}
+    mixers = [model.layers[i].mixer for i in layers]
+    try:
+        for i, mixer in zip(layers, mixers, strict=True):
+
+            def mix(x: torch.Tensor, mixer: Attention = mixer, i: int = i) -> torch.Tensor:
+                patterns[i] = mixer.probabilities(x)
+                return mixer.attend(x, patterns[i])
+
+            mixer.mix = mix  # an instance attribute, over the class's method
+        yield patterns
+    finally:
+        for mixer in mixers:
+            mixer.__dict__.pop("mix", None)
 
 
 def _flat(states: torch.Tensor | tuple) -> torch.Tensor:
@@ -206,10 +328,19 @@ def _gradient_run(
     inputs: Sequence[str],
     shift: torch.Tensor | None,
     readout: Readout,
+    exact_at: Mapping[str, int] | None = None,
 ) -> _Run:
     """The corrupted documents' forward with ``shift`` added to their input embeddings, and
-    the gradient of the summed readout of ``answer`` at every site of ``sites``."""
-    with torch.enable_grad(), _kept(model, sites) as acts, record(model, inputs) as block_inputs:
+    the gradient of the summed readout of ``answer`` at every site of ``sites``; at a site
+    of ``exact_at`` (site -> its attention layer) without the part through that layer's
+    pattern, which is kept with the readout's gradient there."""
+    exact_at = exact_at or {}
+    with (
+        torch.enable_grad(),
+        _kept(model, sites) as acts,
+        record(model, inputs) as block_inputs,
+        _explicit_patterns(model, list(exact_at.values())) as kept_patterns,
+    ):
         x = model.embed(corrupted.tokens)
         if shift is not None:
             x = x + shift
@@ -221,10 +352,18 @@ def _gradient_run(
         if missing:
             raise ValueError(f"sites: {missing[0]} is not reached by the model's forward")
         kept = [acts[site] for site in sites]
-        found = _gradients(total, kept, sites)
-    grads = dict(zip(sites, found, strict=True))
+        patterns = [kept_patterns[layer] for layer in exact_at.values()]
+        names = [*sites, *(f"{site} (its layer's pattern)" for site in exact_at)]
+        found = _gradients(total, kept + patterns, names, retain=bool(exact_at))
+        grads = dict(zip(sites, found[: len(sites)], strict=True))
+        slopes = dict(zip(exact_at, found[len(sites) :], strict=True))
+        for site, pattern in zip(exact_at, patterns, strict=True):
+            (through,) = torch.autograd.grad(pattern, acts[site], slopes[site], retain_graph=True)
+            grads[site] = grads[site] - through
     detached = {site: act.detach() for site, act in acts.items()}
-    return _Run(detached, grads, [block_inputs[name] for name in inputs], logits.detach())
+    pairs = {site: (p.detach(), slopes[site]) for site, p in zip(exact_at, patterns, strict=True)}
+    inputs_kept = [block_inputs[name] for name in inputs]
+    return _Run(detached, grads, inputs_kept, logits.detach(), pairs)
 
 
 def _plain_run(
@@ -261,6 +400,7 @@ def _gradients(
     tensors: Sequence[torch.Tensor],
     names: Sequence[str],
     state_parts: bool = False,
+    retain: bool = False,
 ) -> list[torch.Tensor]:
     """d total / d each tensor. Every site lies on the way to the readout, so a gradient
     that does not reach one means something after it runs without autograd. With
@@ -270,7 +410,7 @@ def _gradients(
     if not tensors:
         return []
     try:
-        found = torch.autograd.grad(total, list(tensors), allow_unused=True)
+        found = torch.autograd.grad(total, list(tensors), allow_unused=True, retain_graph=retain)
     except RuntimeError as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise NoGradientError(f"attribution: no gradient through the model ({first})") from None
@@ -350,7 +490,10 @@ def attribution_patching(
         s_corr = common.score_rows(model(corrupted.tokens, at=corrupted.query), answer, candidates)
     rows = common.baseline_rows(s_orig, s_corr, common.batch_metrics(original))
     readout, to_likelihood = readout_of(method)
-    estimates = estimate_cells(model, original, corrupted, sites, roles, points, readout)
+    exact_patterns = method == "attribution-qk"
+    estimates = estimate_cells(
+        model, original, corrupted, sites, roles, points, readout, exact_patterns
+    )
     per_example = []
     for (site, role), estimate in estimates.cells.items():
         values = to_likelihood(estimate)

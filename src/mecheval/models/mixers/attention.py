@@ -44,6 +44,24 @@ class Attention(Mixer):
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.out_proj(y.transpose(1, 2).reshape(b, t, d))
 
+    # The same function with its attention pattern as a tensor of its own, for an estimator
+    # that takes the pattern's change exactly (interventions/attribution.py, AtP*'s fix).
+
+    def probabilities(self, x: torch.Tensor) -> torch.Tensor:
+        """The causal softmax attention pattern of the mixer's input x [B, T, d] (after the
+        short convolution, as :meth:`mix` reads it) -> [B, heads, T, T], rows summing to 1."""
+        q, k, _ = self.heads(x)
+        t = x.shape[1]
+        scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        return scores.masked_fill(~causal, float("-inf")).softmax(-1)
+
+    def attend(self, x: torch.Tensor, probabilities: torch.Tensor) -> torch.Tensor:
+        """:meth:`mix` with the given attention pattern [B, heads, T, T] in place of its own."""
+        b, t, d = x.shape
+        _, _, v = self.heads(x)
+        return self.out_proj((probabilities @ v).transpose(1, 2).reshape(b, t, d))
+
     # Resuming from a prefix (Mixer.final_states): the history is the key-value cache, the
     # keys and values at every position, [B, T, heads, head_dim] each.
     carries = "history"

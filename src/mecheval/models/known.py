@@ -421,12 +421,18 @@ def _mamba_retrieves(model: LanguageModel, layer: int, vocab: int, keys: list[in
     mixer.x_proj.weight.zero_()
     mixer.x_proj.weight[rank + n, vocab + key_ids] = 1.0 / x_one  # B: previous token
     mixer.x_proj.weight[rank + state + n, key_ids] = 1.0 / x_one  # C: this token
+    _mamba_adds(mixer)
+    mixer.out_proj.weight[t, t] = READ_GAIN * EMBED / x_one
+
+
+def _mamba_adds(mixer: Mamba) -> None:
+    """Δ = 1 at every position and A ≈ 0, D = 0: each state column adds what is written into
+    it, without decay; the output projection zeroed, for the caller to open."""
     mixer.dt_proj.weight.zero_()
     mixer.dt_proj.bias.fill_(_DELTA_ONE)
     mixer.A_log.fill_(-30.0)  # A = -exp(-30): exp(Δ A) is 1 in float32
     mixer.D.zero_()
     mixer.out_proj.weight.zero_()
-    mixer.out_proj.weight[t, t] = READ_GAIN * EMBED / x_one
 
 
 #: The Mamba parity layer's A = -PARITY_DECAY: exp(Δ A) at Δ = 1 is 0 in float32, so the
@@ -628,11 +634,7 @@ def _mamba_counts_values(model: LanguageModel, layer: int, values: torch.Tensor)
     rank, state = mixer.dt_rank, mixer.d_state
     mixer.x_proj.weight.zero_()
     mixer.x_proj.weight[[rank, rank + state], :vocab] = 1.0 / x_one  # B_0 and C_0
-    mixer.dt_proj.weight.zero_()
-    mixer.dt_proj.bias.fill_(_DELTA_ONE)
-    mixer.A_log.fill_(-30.0)  # A = -exp(-30): exp(Δ A) is 1 in float32
-    mixer.D.zero_()
-    mixer.out_proj.weight.zero_()
+    _mamba_adds(mixer)
     mixer.out_proj.weight[values, values] = READ_GAIN * EMBED / x_one
 
 

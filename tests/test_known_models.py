@@ -396,14 +396,16 @@ VALUES = [N_SPECIAL + TASK["n_keys"] + i for i in range(TASK["n_values"])]  # af
         (["baseconv", "deltanet"], 0, 1, "induction in layer 1 (deltanet)"),
         (["baseconv", "deltanet", "mamba"], 0, 1, "induction in layer 1 (deltanet)"),
         (["baseconv", "mamba"], 0, 1, "induction in layer 1 (mamba)"),
+        (["baseconv", "hyena"], 0, 1, "induction in layer 1 (hyena)"),
     ],
 )
 def test_a_convolution_that_copies_the_key_and_a_state_that_binds_read_induction(
     tmp_path, layers: list[str], copy: int, read: int, label: str
 ) -> None:
     """A BaseConv short convolution adds each key to the position after it (the value's);
-    a DeltaNet or Mamba layer binds the key and value it finds there and reads the query's:
-    every document answered, the binding made at the value."""
+    a DeltaNet or Mamba layer, or a Hyena layer's gate and long convolution, binds the key
+    and value it finds there and reads the query's: every document answered, the binding
+    made at the value."""
     run_dir, cfg = run_folder(tmp_path, layers)
     keys = [N_SPECIAL + i for i in range(TASK["n_keys"])]
     assert [int(cfg.task.value_id(i)) for i in range(TASK["n_values"])] == VALUES

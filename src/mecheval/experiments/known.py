@@ -142,6 +142,12 @@ KNOWN: tuple[KnownModel, ...] = (
         _conv_induction(0, 1),
         "induction in layer 1 (mamba)",
     ),
+    KnownModel(
+        "induction-baseconv-hyena",
+        ("baseconv", "hyena"),
+        _conv_induction(0, 1),
+        "induction in layer 1 (hyena)",
+    ),
     KnownModel("direct-layer-0", ("deltanet",) * 2, _direct(0), "direct retrieval, layer 0"),
     KnownModel("direct-layer-1", ("deltanet",) * 2, _direct(1), "direct retrieval, layer >= 1"),
     KnownModel(

@@ -18,7 +18,9 @@ layer 1 (attention)".
 each key to the position after it (the value's; a depthwise convolution keeps it on the
 key's own channel), and a one-head DeltaNet or a Mamba layer that writes only where a value
 stands binds the key and value it finds there, then reads the query's key: "induction in
-layer 1 (deltanet)" for ``[baseconv, deltanet]``, "(mamba)" for ``[baseconv, mamba]``.
+layer 1 (deltanet)" for ``[baseconv, deltanet]``, "(mamba)" for ``[baseconv, mamba]``. A
+Hyena layer binds them with its gate (a channel per pair) and sums the pairs with its long
+convolution: induction by convolutions alone, "(hyena)" for ``[baseconv, hyena]``.
 
 ``direct_retrieval_by_hand``: one one-head DeltaNet layer whose short convolutions give its
 key the previous token and its value and query the current one, with β = 1: it writes each
@@ -182,7 +184,8 @@ def conv_induction_by_hand(
     convolution is depthwise, so the copy stays on the key's own channel of the token
     block); layer ``read``, a one-head DeltaNet or a Mamba layer, writes at each value's
     position the pair (the key coordinates there -> the value coordinates there) into its
-    state, and reads it with the query's key. The binding is made at the value, where the
+    state, and reads it with the query's key (a Hyena layer: :func:`_hyena_binds`, the key
+    read at the value's own position). The binding is made at the value, where the
     copy put the key beside it: the protocol's "induction", in the reading layer. ``keys``
     and ``values`` are the task's token ids. Every other layer is passed through."""
     if not 0 <= copy < read < config.n_layers:
@@ -192,6 +195,8 @@ def conv_induction_by_hand(
         _baseconv_copies_keys(model, copy, list(keys))
         if isinstance(model.layers[read].mixer, Mamba):
             _mamba_binds(model, read, list(keys), list(values))
+        elif isinstance(model.layers[read].mixer, Hyena):
+            _hyena_binds(model, read, list(keys), list(values), key_lag=0)
         else:
             _deltanet_binds(model, read, list(keys), list(values))
     return model
@@ -321,7 +326,7 @@ def direct_retrieval_by_hand(
     its short conv) does the same with a state that adds instead of replacing: one state
     column per key token (``keys``, the task's key ids), into which each position writes its
     token when the previous token is that key, and which the query reads through C. A Hyena
-    layer binds with its gate and sums with its long convolution (:func:`_hyena_retrieves`;
+    layer binds with its gate and sums with its long convolution (:func:`_hyena_binds`;
     ``values``: the task's value ids). Each writes the value's token into the token block
     READ_GAIN times over. Every other layer is passed through."""
     with torch.no_grad():
@@ -331,7 +336,7 @@ def direct_retrieval_by_hand(
             _mamba_retrieves(model, layer, vocab, list(keys))
             return model
         if isinstance(mixer, Hyena):
-            _hyena_retrieves(model, layer, list(keys), list(values))
+            _hyena_binds(model, layer, list(keys), list(values), key_lag=1)
             return model
         mixer = _one_head_deltanet(
             model,
@@ -349,31 +354,45 @@ def direct_retrieval_by_hand(
     return model
 
 
-def _hyena_retrieves(model: LanguageModel, layer: int, keys: list[int], values: list[int]) -> None:
-    """Hyena's weights for :func:`direct_retrieval_by_hand`, y = out_proj(x2 * LongConv(x1 *
-    v)) with one channel per (key, value) pair: x1 is 1 on the channels of this position's
-    value, v (the short convolution one step back) on those of the previous position's key,
-    so x1 * v is 1 on the pair's channel where a value follows its key and 0 elsewhere; the
-    long convolution's kernel is the same at every lag (its filter's sines at their peak,
-    times the decay window, which stays near 1 over a document), so at the query it holds
-    every pair seen; x2 opens the query's key's channels, and the output projection writes
-    each channel's value into the token block. Every projection is exact on every token
-    (:func:`_token_weights`): 1 where its token is the one named, 0 on every other."""
+def _hyena_binds(
+    model: LanguageModel, layer: int, keys: list[int], values: list[int], key_lag: int
+) -> None:
+    """Hyena's weights for :func:`direct_retrieval_by_hand` (``key_lag`` 1) and
+    :func:`conv_induction_by_hand` (``key_lag`` 0), y = out_proj(x2 * LongConv(x1 * v)) with
+    one channel per (key, value) pair: x1 is this position's value's coordinate on that
+    value's channels, v (the short convolution ``key_lag`` steps back) a key's coordinate on
+    that key's channels, the key before the value or the one a convolution copied beside it,
+    so x1 * v is positive on the pair's channel where a value stands with its key and 0
+    elsewhere; the long convolution's kernel is the same at every lag (its filter's sines at
+    their peak, times the decay window, which stays near 1 over a document), so at the query
+    it holds every pair seen; x2 opens the query's key's channels, and the output projection
+    writes each channel's value into the token block. Each projection reads a coordinate
+    less one that no token or position writes: exactly 0 where that token is absent,
+    whatever else the position holds (the norm leaves every cold coordinate alike), and 1
+    where it stands alone."""
     mixer = model.layers[layer].mixer
     conv, d = mixer.conv, mixer.d_model
     if not (isinstance(conv, ShortConv) and conv.kernel_size >= 2):
-        raise ConfigError(
-            f"model.layers[{layer}]: direct retrieval in Hyena needs its short convolution"
-        )
+        raise ConfigError(f"model.layers[{layer}]: a binding Hyena needs its short convolution")
     if not keys or not values or len(keys) * len(values) > d:
         raise ConfigError(
-            f"model.layers[{layer}]: direct retrieval in Hyena needs a channel per (key, value) "
-            f"pair: {len(keys)} x {len(values)} key and value ids within d_model ({d})"
+            f"model.layers[{layer}]: a binding Hyena needs a channel per (key, value) pair: "
+            f"{len(keys)} x {len(values)} key and value ids within d_model ({d})"
         )
-    tokens = range(model.config.vocab_size)
+    vocab, length, _ = _layout(model.config)
+    unused = vocab if model.position is None else 2 * vocab + length  # no token writes it
+    if unused >= model.config.d_model:
+        raise ConfigError(
+            f"model.d_model: a binding Hyena needs a coordinate no token or position writes "
+            f"(more than {unused})"
+        )
+    normed = _normed_token(model, layer)
+    scale = 1.0 / float(normed[0] - normed[1])  # 1 / (hot - cold)
 
     def one_hot(token: int) -> torch.Tensor:
-        return _token_weights(model, layer, {t: float(t == token) for t in tokens})
+        row = torch.zeros(d)
+        row[token], row[unused] = scale, -scale
+        return row
 
     pairs = [(k, v) for k in keys for v in values]
     weight = mixer.in_proj.weight.zero_().view(3, d, -1)  # x1, x2, v
@@ -383,7 +402,7 @@ def _hyena_retrieves(model: LanguageModel, layer: int, keys: list[int], values: 
         weight[1, channel] = weight[2, channel] = one_hot(key)
     conv.weight.zero_()
     conv.weight[: 2 * d, 0, conv.kernel_size - 1] = 1.0  # x1, x2: this position
-    conv.weight[2 * d :, 0, conv.kernel_size - 2] = 1.0  # v: the one before
+    conv.weight[2 * d :, 0, conv.kernel_size - 1 - key_lag] = 1.0  # v: the key's
     if conv.bias is not None:
         conv.bias.zero_()
     mlp = mixer.long_conv.filter.mlp

@@ -17,6 +17,7 @@ from mecheval.experiments.mechanisms import InterventionPlan, intervene_run
 from mecheval.interventions.patch import record
 from mecheval.models import ModelConfig
 from mecheval.models.known import (
+    attention_retrieves_by_hand,
     candidates_by_hand,
     conv_induction_by_hand,
     direct_retrieval_by_hand,
@@ -32,11 +33,14 @@ TASK = {"kind": "ar", "n_keys": 8, "n_values": 8, "n_pairs": 4}
 SPLITS = {"n_train": 64, "n_dev": 64, "n_test": 64}
 
 
-def run_folder(tmp_path: Path, layers: list, task: dict = TASK, **splits) -> tuple:
-    """A run folder of ``layers`` (trained one step, for its config and data), and its config."""
+def run_folder(
+    tmp_path: Path, layers: list, task: dict = TASK, model: dict | None = None, **splits
+) -> tuple:
+    """A run folder of ``layers`` (trained one step, for its config and data; ``model``: the
+    model's other options), and its config."""
     data = {
         "task": {**task, **SPLITS, **splits},
-        "model": {"layers": layers, "d_model": 64, "position_embedding": True},
+        "model": {"layers": layers, "d_model": 64, "position_embedding": True, **(model or {})},
         "training": {"lr": 1e-3, "steps": 1, "eval_every": 1, "batch_size": 16},
     }
     run_dir = tmp_path / "-".join(str(i) for i in range(len(layers)))
@@ -131,6 +135,39 @@ def test_a_state_set_to_retrieve_at_the_query_reads_direct_retrieval(
     # The retrieving layer's input holds the key at the key's position: restoring it there
     # (at layer 1's input) brings the answer back; in layer 0 only the query's restore does.
     assert read_.role == ("key" if layer == 1 else "query")
+
+
+@pytest.mark.parametrize(
+    ("layers", "layer", "label"),
+    [
+        (["attention", "attention"], 0, "direct retrieval, layer 0"),
+        (["attention", "attention"], 1, "direct retrieval, layer >= 1"),
+        (["mamba", "attention"], 1, "direct retrieval in layer 1 (attention)"),
+    ],
+)
+def test_attention_with_a_short_convolution_retrieves_directly(
+    tmp_path, layers: list[str], layer: int, label: str
+) -> None:
+    """One attention layer whose short convolution gives each position the token before it
+    matches the query's token against it, inside the layer: every document answered, the
+    label as built. With the convolution's shift taken out (each position's own token where
+    the one before should be), the query meets itself and the label is lost."""
+    run_dir, cfg = run_folder(tmp_path, layers, model={"short_conv": 2}, n_dev=320)
+    model = attention_retrieves_by_hand(cfg.model, layer).eval()
+    batch = build_datasets(parse_task({**TASK, **SPLITS}))["test"].batch(torch.arange(64))
+    with torch.no_grad():
+        answers = model(batch.tokens)[torch.arange(64), batch.roles["query"]].argmax(-1)
+    assert torch.equal(answers, batch.answer)
+    read_ = intervene_run(run_dir, InterventionPlan(split="dev"), loaded=(cfg, model)).label
+    assert read_.label == label
+    assert read_.role == ("key" if layer == 1 else "query")
+    taps = model.layers[layer].mixer.short_conv.weight[:, 0]
+    with torch.no_grad():
+        taps[:, -1] = 1.0
+        taps[:, -2] = 0.0
+    broken = intervene_run(run_dir, InterventionPlan(split="dev"), loaded=(cfg, model)).label
+    assert broken.accuracy is not None and broken.accuracy < 0.5
+    assert not broken.label.startswith("direct retrieval")
 
 
 @pytest.mark.parametrize(
@@ -302,6 +339,14 @@ def test_impossible_circuits_are_one_line(layers, copy, read, d_model, says) -> 
     with pytest.raises(ConfigError) as err:
         induction_by_hand(cfg, copy, read)
     assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_attention_retrieves_directly_only_with_its_short_convolution() -> None:
+    cfg = ModelConfig(layers=["attention"] * 2, d_model=64, vocab_size=19, max_len=11)
+    with pytest.raises(ConfigError) as err:
+        attention_retrieves_by_hand(cfg, 0)
+    assert str(err.value).startswith("model.layers[0]: attention_retrieves_by_hand needs the")
+    assert "model.short_conv >= 2" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_a_direct_retrieval_layer_must_be_a_delta_rule_or_mamba_with_a_conv() -> None:

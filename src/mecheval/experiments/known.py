@@ -23,6 +23,7 @@ from mecheval.interventions.attribution import METHODS
 from mecheval.io import atomic_save_safetensors, atomic_write_text
 from mecheval.models.backbone import LanguageModel
 from mecheval.models.known import (
+    attention_retrieves_by_hand,
     candidates_by_hand,
     conv_induction_by_hand,
     direct_retrieval_by_hand,
@@ -73,6 +74,7 @@ class KnownModel:
     task: dict[str, Any] | None = None  # AR where None
     positions: bool = False
     mixer: dict[str, Any] | None = None  # every layer's mixer options, where not the defaults
+    model: dict[str, Any] | None = None  # the model's other options, where not the defaults
 
 
 def _induction(copy: int, read: int) -> Callable[[RunConfig], LanguageModel]:
@@ -107,6 +109,10 @@ def _parity(layer: int) -> Callable[[RunConfig], LanguageModel]:
         return parity_by_hand(cfg.model, layer, BOS, elements, states)
 
     return build
+
+
+def _attention_direct(layer: int) -> Callable[[RunConfig], LanguageModel]:
+    return lambda cfg: attention_retrieves_by_hand(cfg.model, layer)
 
 
 def _candidates(layer: int) -> Callable[[RunConfig], LanguageModel]:
@@ -168,6 +174,20 @@ KNOWN: tuple[KnownModel, ...] = (
         ("attention", "mamba"),
         _direct(1),
         "direct retrieval in layer 1 (mamba)",
+    ),
+    KnownModel(
+        "direct-attention-layer-0",
+        ("attention",) * 2,
+        _attention_direct(0),
+        "direct retrieval, layer 0",
+        model={"short_conv": 2},
+    ),
+    KnownModel(
+        "direct-attention-after-mamba",
+        ("mamba", "attention"),
+        _attention_direct(1),
+        "direct retrieval in layer 1 (attention)",
+        model={"short_conv": 2},
     ),
     KnownModel("direct-hyena-layer-0", ("hyena",) * 2, _direct(0), "direct retrieval, layer 0"),
     KnownModel(
@@ -232,6 +252,7 @@ def known_config(known: KnownModel, preset: str = "quick") -> RunConfig:
             "layers": [{"architecture": name, "mixer": known.mixer or {}} for name in known.layers],
             "d_model": 64,
             "position_embedding": known.positions,
+            **(known.model or {}),
         },
         "training": {"lr": 1e-3, "steps": 1},
     }

@@ -14,6 +14,11 @@ DeltaNet, Gated DeltaNet, GLA, RetNet). So a model of layers ``[mamba, attention
 reads "induction in layer 2 (attention)", and ``[attention, attention, mamba]`` "induction in
 layer 1 (attention)".
 
+``attention_retrieves_by_hand``: one-head attention with the short convolution on its input
+(``model.short_conv``) retrieves directly: the convolution gives each position the token
+before it, and the attention matches the query's token against it, all inside one layer:
+"direct retrieval, layer 0" with a pass-through layer after it.
+
 ``conv_induction_by_hand``: induction without attention. A BaseConv short convolution adds
 each key to the position after it (the value's; a depthwise convolution keeps it on the
 key's own channel), and a one-head DeltaNet or a Mamba layer that writes only where a value
@@ -168,6 +173,40 @@ def induction_by_hand(config: ModelConfig, copy: int, read: int) -> LanguageMode
         model = _blank(config, (copy, read))
         _copy_previous(_one_head_attention(model, copy), vocab, length, d)
         _read_after_match(_one_head_attention(model, read), vocab, d)
+    return model
+
+
+def attention_retrieves_by_hand(config: ModelConfig, layer: int) -> LanguageModel:
+    """A model of ``config`` whose layer ``layer``, one-head attention with the short
+    convolution on its input (``model.short_conv``), retrieves the value directly at the
+    query: the embedding writes each token into the token block and the previous-token block
+    alike, the convolution keeps the token block and shifts the previous-token block one
+    step (each position then holds the token before it there), and the attention reads as
+    the induction circuit's second layer does (:func:`_read_after_match`): the query's token
+    against each position's previous token, the value after the key's occurrence written
+    into the token block. No layer before it binds anything: the binding is made inside the
+    layer, as a delta rule's is. Every other layer is passed through."""
+    vocab, _, _ = _layout(config)
+    if not 0 <= layer < config.n_layers:
+        raise ConfigError(f"attention_retrieves_by_hand: need 0 <= layer < {config.n_layers}")
+    with torch.no_grad():
+        model = _blank(config, (layer,))
+        attention = _one_head_attention(model, layer)
+        conv = attention.short_conv
+        if not (isinstance(conv, ShortConv) and conv.kernel_size >= 2):
+            raise ConfigError(
+                f"model.layers[{layer}]: attention_retrieves_by_hand needs the short "
+                "convolution on the attention's input (model.short_conv >= 2)"
+            )
+        t = torch.arange(vocab)
+        model.embedding.weight[t, vocab + t] = EMBED
+        conv.weight.zero_()
+        conv.weight[:, 0, conv.kernel_size - 1] = 1.0  # every channel: this position ...
+        conv.weight[vocab + t, 0, conv.kernel_size - 1] = 0.0
+        conv.weight[vocab + t, 0, conv.kernel_size - 2] = 1.0  # ... but the one before
+        if conv.bias is not None:
+            conv.bias.zero_()
+        _read_after_match(attention, vocab, config.d_model)
     return model
 
 

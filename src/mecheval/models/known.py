@@ -411,20 +411,7 @@ def _hyena_binds(
     where it stands alone."""
     mixer = model.layers[layer].mixer
     conv, d = mixer.conv, mixer.d_model
-    if not (isinstance(conv, ShortConv) and conv.kernel_size >= 2):
-        raise ConfigError(f"model.layers[{layer}]: a binding Hyena needs its short convolution")
-    if not keys or not values or len(keys) * len(values) > d:
-        raise ConfigError(
-            f"model.layers[{layer}]: a binding Hyena needs a channel per (key, value) pair: "
-            f"{len(keys)} x {len(values)} key and value ids within d_model ({d})"
-        )
-    vocab, length, _ = _layout(model.config)
-    unused = vocab if model.position is None else 2 * vocab + length  # no token writes it
-    if unused >= model.config.d_model:
-        raise ConfigError(
-            f"model.d_model: a binding Hyena needs a coordinate no token or position writes "
-            f"(more than {unused})"
-        )
+    unused = _check_hyena_binds(model, layer, len(keys) * len(values))
     normed = _normed_token(model, layer)
     scale = 1.0 / float(normed[0] - normed[1])  # 1 / (hot - cold)
 
@@ -444,18 +431,45 @@ def _hyena_binds(
     conv.weight[2 * d :, 0, conv.kernel_size - 1 - key_lag] = 1.0  # v: the key's
     if conv.bias is not None:
         conv.bias.zero_()
-    mlp = mixer.long_conv.filter.mlp
-    for module in mlp[:-1]:
-        if isinstance(module, nn.Linear):
-            module.weight.zero_()
-            module.bias.fill_(math.pi / 2)
-        else:  # the sines (one module, shared): sin(pi / 2) = 1
-            module.freq.fill_(1.0)
-    mlp[-1].weight.fill_(1.0 / mlp[-1].in_features)
+    _same_at_every_lag(mixer.long_conv.filter.mlp)
     mixer.out_proj.weight.zero_()
     mixer.out_proj.bias.zero_()
     for channel, (_, value) in enumerate(pairs):
         mixer.out_proj.weight[value, channel] = READ_GAIN * EMBED
+
+
+def _check_hyena_binds(model: LanguageModel, layer: int, pairs: int) -> int:
+    """That Hyena layer ``layer`` can bind ``pairs`` (key, value) pairs (its short
+    convolution, a channel per pair); returns the coordinate no token or position writes."""
+    mixer = model.layers[layer].mixer
+    if not (isinstance(mixer.conv, ShortConv) and mixer.conv.kernel_size >= 2):
+        raise ConfigError(f"model.layers[{layer}]: a binding Hyena needs its short convolution")
+    if not 0 < pairs <= mixer.d_model:
+        raise ConfigError(
+            f"model.layers[{layer}]: a binding Hyena needs a channel per (key, value) pair: "
+            f"{pairs} pairs of key and value ids within d_model ({mixer.d_model})"
+        )
+    vocab, length, _ = _layout(model.config)
+    unused = vocab if model.position is None else 2 * vocab + length
+    if unused >= model.config.d_model:
+        raise ConfigError(
+            f"model.d_model: a binding Hyena needs a coordinate no token or position writes "
+            f"(more than {unused})"
+        )
+    return unused
+
+
+def _same_at_every_lag(mlp: nn.Sequential) -> None:
+    """Hyena's implicit filter made the same at every lag (before its decay window): every
+    hidden Linear's weights 0 and bias pi / 2, the shared sines at frequency 1 (sin(pi / 2)
+    = 1), the last Linear averaging those ones."""
+    for module in mlp[:-1]:
+        if isinstance(module, nn.Linear):
+            module.weight.zero_()
+            module.bias.fill_(math.pi / 2)
+        else:  # the sines (one module, shared)
+            module.freq.fill_(1.0)
+    mlp[-1].weight.fill_(1.0 / mlp[-1].in_features)
 
 
 #: softplus^-1(1): Δ = 1 at every position, so a state column adds what is written into it.

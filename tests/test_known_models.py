@@ -100,6 +100,14 @@ def test_attribution_of_the_log_likelihood_reads_the_circuit_attribution_misses(
     assert labels == {"attribution": "unclear", "attribution-log": "induction"}
 
 
+def assert_answers_every_test_document(model) -> None:
+    """The model's answer at the query (its argmax) is right on each of 64 AR test documents."""
+    batch = build_datasets(parse_task({**TASK, **SPLITS}))["test"].batch(torch.arange(64))
+    with torch.no_grad():
+        answers = model(batch.tokens)[torch.arange(64), batch.roles["query"]].argmax(-1)
+    assert torch.equal(answers, batch.answer)
+
+
 @pytest.mark.parametrize(
     ("layers", "layer", "label"),
     [
@@ -126,10 +134,7 @@ def test_a_state_set_to_retrieve_at_the_query_reads_direct_retrieval(
     keys = [N_SPECIAL + i for i in range(TASK["n_keys"])]  # AR's ids: specials, then keys
     values = [N_SPECIAL + TASK["n_keys"] + i for i in range(TASK["n_values"])]  # then values
     model = direct_retrieval_by_hand(cfg.model, layer, keys, values).eval()
-    batch = build_datasets(parse_task({**TASK, **SPLITS}))["test"].batch(torch.arange(64))
-    with torch.no_grad():
-        answers = model(batch.tokens)[torch.arange(64), batch.roles["query"]].argmax(-1)
-    assert torch.equal(answers, batch.answer)
+    assert_answers_every_test_document(model)
     read_ = intervene_run(run_dir, InterventionPlan(split="dev"), loaded=(cfg, model)).label
     assert read_.label == label
     # The retrieving layer's input holds the key at the key's position: restoring it there
@@ -154,10 +159,7 @@ def test_attention_with_a_short_convolution_retrieves_directly(
     the one before should be), the query meets itself and the label is lost."""
     run_dir, cfg = run_folder(tmp_path, layers, model={"short_conv": 2}, n_dev=320)
     model = attention_retrieves_by_hand(cfg.model, layer).eval()
-    batch = build_datasets(parse_task({**TASK, **SPLITS}))["test"].batch(torch.arange(64))
-    with torch.no_grad():
-        answers = model(batch.tokens)[torch.arange(64), batch.roles["query"]].argmax(-1)
-    assert torch.equal(answers, batch.answer)
+    assert_answers_every_test_document(model)
     read_ = intervene_run(run_dir, InterventionPlan(split="dev"), loaded=(cfg, model)).label
     assert read_.label == label
     assert read_.role == ("key" if layer == 1 else "query")

@@ -77,6 +77,10 @@ from mecheval.tasks.batch import Batch
 
 #: The estimators, by the name ``intervene --method`` takes.
 METHODS = ("attribution", "integrated-gradients", "attribution-log", "attribution-qk")
+#: The methods that differentiate log p(answer) and map their estimates back.
+ON_LOG_LIKELIHOOD = ("attribution-log", "attribution-qk")
+#: The methods that take one gradient, on the corrupted run (integrated gradients: a path).
+AT_THE_CORRUPTED_RUN = ("attribution", *ON_LOG_LIKELIHOOD)
 #: Integrated gradients' default number of points on the path (Hanna et al. use 5).
 DEFAULT_STEPS = 5
 
@@ -106,7 +110,7 @@ def likelihood_of_log(estimate: torch.Tensor) -> torch.Tensor:
 
 def readout_of(method: str) -> tuple[Readout, Callable[[torch.Tensor], torch.Tensor]]:
     """The readout ``method`` differentiates, and the map of its estimates to p(answer)."""
-    if method in ("attribution-log", "attribution-qk"):
+    if method in ON_LOG_LIKELIHOOD:
         return log_answer_probability, likelihood_of_log
     return answer_probability, lambda estimate: estimate
 
@@ -114,7 +118,7 @@ def readout_of(method: str) -> tuple[Readout, Callable[[torch.Tensor], torch.Ten
 def path_points(method: str, steps: int = DEFAULT_STEPS) -> list[float]:
     """Where on the path from the corrupted (0) to the original (1) input embeddings the
     method takes its gradients."""
-    if method in ("attribution", "attribution-log", "attribution-qk"):
+    if method in AT_THE_CORRUPTED_RUN:
         return [0.0]
     if method == "integrated-gradients":
         if steps < 1:

@@ -10,12 +10,15 @@ import multiprocessing
 import os
 import queue
 import signal
+import site
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from contextlib import suppress
+from contextlib import contextmanager, suppress
+from multiprocessing import forkserver
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -80,8 +83,7 @@ def _run_in_workers(
     on_progress: Callable[[SweepEvent], None] | None,
 ) -> list[Outcome]:
     """The groups in ``workers`` worker processes, in the order given."""
-    # spawn, not fork: forking a process whose torch thread pool is running can deadlock.
-    context = multiprocessing.get_context("spawn")
+    context = _worker_context()
     # A plain queue handed to the workers as they start (no manager process to outlive us).
     sink = context.Queue() if on_progress else None
     with (
@@ -90,7 +92,7 @@ def _run_in_workers(
             max_workers=workers,
             mp_context=context,
             initializer=_init_worker,
-            initargs=(os.getpid(), sink),
+            initargs=(os.getpid(), sink, dict(os.environ), os.getcwd(), list(sys.path)),
         ) as pool,
     ):
         try:
@@ -108,6 +110,48 @@ def _run_in_workers(
             raise
         results = [_outcomes(f, group) for f, group in zip(futures, ordered, strict=True)]
     return in_job_order(jobs, ordered, results)
+
+
+#: What the forkserver imports once, before it forks a worker: this module (torch and the
+#: training loop below it) and torch._dynamo, which an optimizer's constructor imports.
+WORKER_PRELOAD = [__name__, "torch._dynamo"]
+
+
+def _worker_context() -> multiprocessing.context.BaseContext:
+    """How worker processes start. Not by fork: forking a process whose torch thread pool is
+    running can deadlock. On Linux, by forkserver: one server imports torch and mecheval
+    (and runs no torch op, so it has no thread pool to pass on) and forks each worker from
+    itself, in milliseconds, where a fresh interpreter takes seconds to import them again;
+    each worker then takes the sweep's environment, folder and import path as a spawned one
+    would (:func:`_init_worker`). Elsewhere, spawn."""
+    if not sys.platform.startswith("linux"):
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(WORKER_PRELOAD)
+    with _package_importable():
+        forkserver.ensure_running()  # once per process; later calls find it running
+    return context
+
+
+@contextmanager
+def _package_importable() -> Iterator[None]:
+    """PYTHONPATH with the folder mecheval is imported from, while the forkserver starts:
+    the server is a fresh interpreter, and Python 3.11's does not take this process's
+    sys.path, so a checkout on it by other means would not be found there (a worker could
+    then not unpickle its job)."""
+    root = str(Path(__file__).resolve().parents[3])
+    before = os.environ.get("PYTHONPATH")
+    if root in site.getsitepackages() or root in (before or "").split(os.pathsep):
+        yield
+        return
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, before) if p)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 def _outcomes(future: Future, group: Sequence[Job]) -> list[Outcome]:
@@ -135,20 +179,29 @@ PARENT_POLL_S = 0.5
 ORPHAN_GRACE_S = 30.0
 
 
-def _init_worker(parent: int, sink: Any = None) -> None:
+def _init_worker(
+    sweep: int, sink: Any, environment: dict[str, str], folder: str, import_path: list[str]
+) -> None:
     global _sink
     _sink = sink
+    # A forked worker starts with the forkserver's environment, folder and import path, which
+    # are those of the sweep's process when the server started, not now: the sweep's now.
+    os.environ.clear()
+    os.environ.update(environment)
+    os.chdir(folder)
+    sys.path[:] = import_path
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _on_stop_signal)
-    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    # The parent is the sweep's process (spawn) or the forkserver, which ends with it.
+    threading.Thread(target=_watch_parent, args=(sweep, os.getppid()), daemon=True).start()
 
 
-def _watch_parent(parent: int) -> None:
+def _watch_parent(sweep: int, parent: int) -> None:
     """End this worker when the sweep's process is gone (``kill -9`` of it alone): its run
     records "crashed: interrupted (SIGTERM)" as on any stop and resumes with the next sweep,
     instead of training on unseen, beside the rerun that trains the same folder."""
     global _orphaned
-    while os.getppid() == parent:
+    while os.getppid() == parent and _alive(sweep):
         time.sleep(PARENT_POLL_S)
     _orphaned = True
     if not _busy:
@@ -156,6 +209,16 @@ def _watch_parent(parent: int) -> None:
     os.kill(os.getpid(), signal.SIGTERM)  # the same path as a stop from the sweep
     time.sleep(ORPHAN_GRACE_S)
     os._exit(1)  # a run that did not stop in time: its checkpoint still resumes it
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a process of another user took the number
+        return False
+    return True
 
 
 def _on_stop_signal(signum: int, frame: object) -> None:

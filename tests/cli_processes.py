@@ -7,7 +7,8 @@ the working folder, argument vector and output files of its own: the entry point
 ``mecheval.cli:main`` that the ``mecheval`` script calls, in a fresh process whose exit status
 and output are the command's. The server has run no computation, so a forked process starts
 as clean as a new one (no thread pool to inherit). Anything else (a pipe, a redirection,
-another program) runs through ``bash`` as written.
+another program) runs through ``bash`` as written. :class:`Program` starts such a command in
+a session of its own and returns at once, for the tests that signal it while it runs.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 #: Characters that make a command more than one program with its arguments (quotes are
@@ -84,6 +87,73 @@ def run_command(command: str, cwd: Path, timeout: float = 600) -> subprocess.Com
             raise subprocess.TimeoutExpired(command, timeout)
         stdout, stderr = (path.read_text() if path.exists() else "" for path in (out, err))
         return subprocess.CompletedProcess(command, process.exitcode, stdout, stderr)
+
+
+def _program(argv: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+    os.setsid()  # a session and process group of its own, as Popen's start_new_session
+    os.environ.clear()
+    os.environ.update(env)
+    # As in a terminal's foreground job, SIGINT raises KeyboardInterrupt (the server ignores
+    # it, and pytest may itself run as a background job, which starts with it ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _child(argv, cwd, out, err)
+
+
+class Program:
+    """``mecheval ARGS`` forked from the command server in a session of its own, with its
+    environment, its output in files: the part of :class:`subprocess.Popen` that the tests
+    which signal a command use (``pid``, ``poll``, ``wait``, ``communicate``,
+    ``returncode``). It is not this process's child (the server's), so its exit status comes
+    through the server; and as a pipe's end does, :meth:`communicate` waits until every
+    process of its group has ended (its workers too), not only its main process."""
+
+    def __init__(self, argv: list[str], cwd: Path, env: dict[str, str]) -> None:
+        self._outputs = tempfile.TemporaryDirectory()
+        self._out = Path(self._outputs.name, "stdout")
+        self._err = Path(self._outputs.name, "stderr")
+        args = (argv, str(cwd), env, str(self._out), str(self._err))
+        self._process = _context().Process(target=_program, args=args)
+        self._process.start()
+        self.pid: int = self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(f"mecheval (pid {self.pid})", timeout or 0)
+        return self._process.exitcode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.wait(timeout)
+        while group_processes(self.pid):
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"mecheval (pid {self.pid})", timeout or 0)
+            time.sleep(0.05)
+        outputs = (p.read_text() if p.exists() else "" for p in (self._out, self._err))
+        stdout, stderr = outputs
+        self._outputs.cleanup()
+        return stdout, stderr
+
+
+def group_processes(pgid: int) -> list[int]:
+    """Live (not zombie) processes in process group ``pgid``, read from /proc (Linux)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # it ended meanwhile
+            continue
+        state, _ppid, group = text[text.rindex(")") + 2 :].split()[:3]
+        if int(group) == pgid and state != "Z":
+            found.append(int(stat.parent.name))
+    return found
 
 
 def _report_modules(names: list[str], queue) -> None:

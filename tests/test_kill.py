@@ -11,14 +11,14 @@ step 3 and the test waits for their marks before it signals.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+from cli_processes import Program, run_command
 from small_runs import SWEEP_BASE
 from test_signals import finish, group_processes, marks, mecheval, temp_files, wait_for
 
@@ -47,19 +47,19 @@ def uninterrupted(tmp_path_factory) -> pd.DataFrame:
     return load_results(out / "s")
 
 
-def kill_main(process: subprocess.Popen, started: dict[str, int]) -> None:
+def kill_main(process: Program, started: dict[str, int]) -> None:
     os.kill(process.pid, signal.SIGKILL)  # the workers are left without their parent
 
 
-def kill_worker(process: subprocess.Popen, started: dict[str, int]) -> None:
+def kill_worker(process: Program, started: dict[str, int]) -> None:
     os.kill(min(started.values()), signal.SIGKILL)
 
 
-def kill_group(process: subprocess.Popen, started: dict[str, int]) -> None:
+def kill_group(process: Program, started: dict[str, int]) -> None:
     os.killpg(process.pid, signal.SIGKILL)
 
 
-def ctrl_c(process: subprocess.Popen, started: dict[str, int]) -> None:
+def ctrl_c(process: Program, started: dict[str, int]) -> None:
     os.killpg(process.pid, signal.SIGINT)  # as a terminal does, to the whole foreground job
 
 
@@ -95,12 +95,7 @@ def test_a_run_folder_being_trained_is_refused_to_a_second_process(tmp_path: Pat
     with mecheval(tmp_path, *args, gate_step=10) as holder:
         wait_for(lambda: "t" in marks(tmp_path), "checkpoint at step 10", holder)
         before = (tmp_path / "runs" / "t" / "status.json").read_bytes()
-        second = subprocess.run(
-            [sys.executable, "-c", "from mecheval.cli import main; main()", *args],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-        )
+        second = run_command(shlex.join(["mecheval", *args]), tmp_path)
         assert second.returncode == 2
         run = Path("runs", "t")
         assert second.stderr == (

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_processes import Program, group_processes
 
 from mecheval.experiments.grid import load_sweep
 from mecheval.experiments.runners import run_sweep
@@ -63,30 +63,19 @@ def gated_save(folder, step, *args, **kwargs):
 trainer.save_checkpoint = gated_save
 """
 
-# As in a terminal's foreground job, SIGINT raises KeyboardInterrupt. (pytest may itself run
-# as a background job, which starts with SIGINT ignored, and children inherit that.)
-MAIN = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
-MAIN += "from mecheval.cli import main; main()"
-
 
 @contextmanager
 def mecheval(
     cwd: Path, *args: str, gate_step: int, gate_run: str | None = None
-) -> Iterator[subprocess.Popen]:
-    """`mecheval --plugin GATE ARGS` in its own process group (killed at exit if still there)."""
+) -> Iterator[Program]:
+    """`mecheval --plugin GATE ARGS` in its own process group (killed at exit if still there),
+    forked from the tests' command server (tests/cli_processes.py) rather than a new
+    interpreter that imports torch again."""
     (cwd / "gate.py").write_text(GATE)
     env = {**os.environ, "GATE_STEP": str(gate_step), "GATE_MARKS": str(cwd / "marks")}
     if gate_run is not None:
         env["GATE_RUN"] = gate_run
-    process = subprocess.Popen(
-        [sys.executable, "-c", MAIN, "--plugin", "gate.py", *args],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # pgid == pid: signals and the orphan check cover its children
-    )
+    process = Program(["--plugin", "gate.py", *args], cwd, env)
     try:
         yield process
     finally:
@@ -95,9 +84,7 @@ def mecheval(
         process.communicate()
 
 
-def wait_for(
-    condition: Callable[[], object], what: str, process: subprocess.Popen | None = None
-) -> None:
+def wait_for(condition: Callable[[], object], what: str, process: Program | None = None) -> None:
     """Poll ``condition``; fail if ``process`` exits first, or at the safety-net deadline."""
     deadline = time.monotonic() + DEADLINE_S
     while not condition():
@@ -109,7 +96,7 @@ def wait_for(
         time.sleep(0.05)
 
 
-def finish(process: subprocess.Popen) -> str:
+def finish(process: Program) -> str:
     """Wait for ``process`` to exit (safety-net deadline); return its stderr."""
     try:
         return process.communicate(timeout=DEADLINE_S)[1]
@@ -123,20 +110,6 @@ def marks(cwd: Path) -> dict[str, int]:
     if not folder.is_dir():
         return {}
     return {p.name: int(p.read_text()) for p in folder.iterdir() if not p.name.startswith(".")}
-
-
-def group_processes(pgid: int) -> list[int]:
-    """Live (not zombie) processes in process group ``pgid``, read from /proc."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # it ended meanwhile
-            continue
-        state, _ppid, group = text[text.rindex(")") + 2 :].split()[:3]
-        if int(group) == pgid and state != "Z":
-            found.append(int(stat.parent.name))
-    return found
 
 
 def temp_files(folder: Path) -> list[Path]:
@@ -158,7 +131,7 @@ def spy_resumes(monkeypatch) -> dict[str, int | None]:
     return resumed
 
 
-def send(process: subprocess.Popen, signum: int) -> None:
+def send(process: Program, signum: int) -> None:
     if signum == signal.SIGINT:
         os.killpg(process.pid, signum)  # Ctrl-C: the terminal signals the whole foreground job
     else:

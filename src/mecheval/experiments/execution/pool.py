@@ -214,9 +214,7 @@ def _watch_parent(sweep: int, parent: int) -> None:
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # a process of another user took the number
+    except (ProcessLookupError, PermissionError):  # gone (or its number taken by another user)
         return False
     return True
 

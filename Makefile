@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: setup quick test lint mutants clean
+.PHONY: setup quick test test-slow lint mutants clean
 
 # Two stamps: the quick run needs mecheval alone; the tests also need the dev, ray and
 # tensorboard extras (scipy, pytest, ruff, Ray, TensorBoard's reader), which would add a good
@@ -26,9 +26,15 @@ quick: $(BIN)/mecheval
 	$(BIN)/mecheval reproduce ar --preset quick --workers 2
 
 # The tests in up to four processes (two on a 2-core machine; the tests of one xdist_group in
-# one of them); `pytest` alone runs them in this one.
+# one of them); `pytest` alone runs them all in this one. `make test` runs all but the
+# end-to-end tests marked `slow` (pyproject.toml), `make test-slow` those, CI both.
+PYTEST := $(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadgroup
+
 test: setup
-	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadgroup
+	$(PYTEST) -m "not slow"
+
+test-slow: setup
+	$(PYTEST) -m slow
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks scripts

@@ -31,7 +31,15 @@ def pytest_configure(config) -> None:
 LONGEST_FIRST = ("test_doc_commands.py", "test_reproduce_all.py")
 
 
+#: Fixtures that make a test end-to-end (marked ``slow``): every registered experiment
+#: trained at the tiny preset, and a local Ray cluster.
+SLOW_FIXTURES = {"tiny_experiments", "local_ray"}
+
+
 def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if SLOW_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.slow)
     items.sort(key=lambda item: item.path.name not in LONGEST_FIRST)  # stable: order kept
 
 

@@ -118,6 +118,7 @@ def test_training_runs_them_only_when_switched_on(monkeypatch) -> None:
     torch.testing.assert_close(o, delta_rule_recurrent(q, k, v, beta), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["deltanet", "gated_deltanet"])
 def test_a_stack_through_the_kernels_equals_one_by_one(
     tmp_path: Path, monkeypatch, spy, arch: str

@@ -196,6 +196,7 @@ def _run(command: str, cwd: Path) -> subprocess.CompletedProcess:
     return run_command(command, cwd)
 
 
+@pytest.mark.slow
 def test_a_forked_command_gives_what_the_mecheval_program_gives(tmp_path) -> None:
     """tests/cli_processes.py: a plain ``mecheval ...`` in a forked process has the exit
     status and output of the program itself; anything else runs through bash."""
@@ -216,6 +217,7 @@ def test_a_forked_command_gives_what_the_mecheval_program_gives(tmp_path) -> Non
     assert piped.returncode == 0 and (tmp_path / "first.txt").read_text().startswith("ar ")
 
 
+@pytest.mark.slow
 def test_a_forked_command_starts_with_mecheval_imported(tmp_path, monkeypatch) -> None:
     """The command server's preload took, whatever folder the tests run from: a forked
     command starts with torch and mecheval's CLI imported instead of importing them again."""

@@ -63,6 +63,7 @@ def ctrl_c(process: Program, started: dict[str, int]) -> None:
     os.killpg(process.pid, signal.SIGINT)  # as a terminal does, to the whole foreground job
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop", [kill_main, kill_worker, kill_group, ctrl_c])
 def test_a_stopped_sweep_reruns_to_the_uninterrupted_results(
     tmp_path: Path, uninterrupted: pd.DataFrame, stop

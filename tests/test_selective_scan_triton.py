@@ -130,6 +130,7 @@ def test_training_runs_it_only_where_a_gradient_is_wanted(monkeypatch) -> None:
     assert calls == []
 
 
+@pytest.mark.slow
 def test_a_mamba_stack_through_the_kernels_equals_one_by_one(
     tmp_path: Path, monkeypatch, spy
 ) -> None:

@@ -174,6 +174,7 @@ def test_signal_during_train(tmp_path: Path, signum: int, reason: str) -> None:
     assert evaluated == [20, 30, 40]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("signum", "reason"), CASES)
 def test_signal_during_sweep_with_two_workers(
     tmp_path: Path, monkeypatch, signum: int, reason: str

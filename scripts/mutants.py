@@ -287,6 +287,14 @@ MUTANTS = [
         "grads[site] = grads[site] + 0 * through",
         ("tests/test_attribution.py",),
     ),
+    Mutant(
+        "attribution-gd-mlp-kept",
+        "GradDrop drops a layer's mixer output but lets the gradient through its MLP",
+        "src/mecheval/interventions/attribution.py",
+        'patched.append((block.mlp, "forward"))',
+        "pass",
+        ("tests/test_attribution.py",),
+    ),
 ]
 
 

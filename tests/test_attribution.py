@@ -218,6 +218,105 @@ def test_attribution_log_is_the_derivative_of_the_log_likelihood_mapped_back(arc
         assert restored[role] == pytest.approx(want, rel=1e-6, abs=1e-9)
 
 
+def _dropped_steps(model, original, corrupted, layer, role):
+    """Per dropped layer, each document's first-order step of log p(answer) as block
+    ``layer``'s input at the role's position moves from the corrupted run's to the
+    original's, the gradient taken through a forward written out here with that layer's
+    mixer and MLP outputs detached (the skip path kept)."""
+    docs, steps = torch.arange(len(original)), []
+    site = layer_site(layer, "input")
+    with torch.no_grad(), record(model, [site]) as runs:
+        model(original.tokens, at=original.query)
+        a_orig = runs[site]
+    for drop in range(len(model.layers)):
+        x = model.embed(corrupted.tokens)
+        for j, block in enumerate(model.layers):
+            if j == layer:
+                x = leaf = x.detach().requires_grad_()
+            mixed = block.mixer(block.mixer_norm(x))
+            x = x + (mixed.detach() if j == drop else mixed)
+            if block.mlp is not None:
+                fed = block.mlp(block.mlp_norm(x))
+                x = x + (fed.detach() if j == drop else fed)
+        logits = model.head(x, corrupted.query)
+        total = log_answer_probability(logits, original.answer).sum()
+        (g,) = torch.autograd.grad(total, leaf)
+        src, dst = original.roles[role], corrupted.roles[role]
+        diff = a_orig[docs, src] - leaf.detach()[docs, dst]
+        steps.append((diff * g[docs, dst]).sum(-1))
+    return steps
+
+
+@pytest.mark.parametrize("arch", ["attention", "mamba", "deltanet"])
+@pytest.mark.parametrize("layer", [0, 1])
+def test_grad_drop_is_the_mean_magnitude_of_the_steps_with_each_layer_dropped(arch, layer):
+    """``attribution-gd`` at a block's input: per document, log p(corrupted) + sum over the
+    layers of |the step with that layer's contributions' gradient dropped| / (L - 1), mapped
+    back as ``attribution-log``'s (a forward written out in the test drops them)."""
+    model = model_for(arch)
+    original, corrupted = pair(model)
+    with torch.no_grad():
+        base = log_answer_probability(model(corrupted.tokens, at=corrupted.query), original.answer)
+    site = layer_site(layer, "input")
+    table = attribution_patching(model, original, corrupted, [site], ROLES, "attribution-gd")
+    restored = table.table[(table.table.condition == "restored")].set_index("role")["value"]
+    differs = []
+    for role in ROLES:
+        steps = _dropped_steps(model, original, corrupted, layer, role)
+        if layer == 1:  # layer 0 lies before the site: dropping it changes nothing
+            slope = restore_slopes(model, original, corrupted, site, log_answer_probability)
+            torch.testing.assert_close(steps[0], slope[role], rtol=1e-5, atol=1e-8)
+        differs.append(not torch.allclose(steps[0], steps[1]))
+        step = sum(s.abs() for s in steps) / (len(steps) - 1)
+        want = torch.exp(torch.clamp(base + step, max=0.0)).mean().item()
+        assert restored[role] == pytest.approx(want, rel=1e-9, abs=1e-12)
+    assert any(differs)  # (at the embeddings only the corrupted token's position moves)
+
+
+@pytest.mark.parametrize("site", ["layers.0.input", "layers.0.mixer.state"])
+def test_grad_drop_with_one_layer_is_the_magnitude_of_the_step(site):
+    """With one layer nothing else can be dropped: ``attribution-gd`` is log p(corrupted)
+    + |attribution-log's step|, mapped back; at a state site too."""
+    model = model_for("mamba", n_layers=1)
+    original, corrupted = pair(model)
+    log = attribution_patching(model, original, corrupted, [site], ROLES, "attribution-log")
+    gd = attribution_patching(model, original, corrupted, [site], ROLES, "attribution-gd")
+    base = estimate_cells(model, original, corrupted, [site], ROLES, [0.0], log_answer_probability)
+    for role in ROLES:
+        step = base.cells[(site, role)] - base.base
+        want = likelihood_of_log(base.base + step.abs()).mean().item()
+        got = gd.table[(gd.table.condition == "restored") & (gd.table.role == role)]
+        assert got.value.item() == pytest.approx(want, rel=1e-12)
+        if (step < 0).any():  # where a step lowers the likelihood, the magnitude raises it
+            plain = log.table[(log.table.condition == "restored") & (log.table.role == role)]
+            assert got.value.item() > plain.value.item()
+
+
+def test_a_state_site_has_no_step_with_its_own_layer_dropped():
+    """A recurrent state reaches the readout only through its own layer's mixer: with that
+    layer's gradient dropped its step is 0, so in a two-layer model ``attribution-gd`` at
+    layer 0's state is |the step with layer 1 dropped| / 1."""
+    from mecheval.interventions.attribution import _gradient_dropped
+
+    model = model_for("mamba")
+    original, corrupted = pair(model)
+    site = "layers.0.mixer.state"
+    steps = []
+    for layer in (0, 1):
+        with _gradient_dropped(model.layers[layer]):
+            cells = estimate_cells(
+                model, original, corrupted, [site], ROLES, [0.0], log_answer_probability
+            )
+        steps.append({role: cells.cells[(site, role)] - cells.base for role in ROLES})
+    gd = attribution_patching(model, original, corrupted, [site], ROLES, "attribution-gd")
+    for role in ROLES:
+        assert torch.count_nonzero(steps[0][role]) == 0
+        assert torch.count_nonzero(steps[1][role]) > 0
+        want = likelihood_of_log(cells.base + steps[1][role].abs()).mean().item()
+        got = gd.table[(gd.table.condition == "restored") & (gd.table.role == role)]
+        assert got.value.item() == pytest.approx(want, rel=1e-12)
+
+
 def test_an_explicit_attention_pattern_gives_the_fused_attentions_output():
     """``probabilities`` + ``attend`` (the pattern as a tensor of its own) against the mixer's
     own forward (PyTorch's fused scaled-dot-product attention), two heads."""
@@ -599,7 +698,13 @@ def test_reproduce_attribution_grades_every_run_and_prints_the_table(
     assert [(run.strip(), method.strip()) for run, method in runs] == [
         (run, method) for run in ("mamba", "attention") for method in METHODS
     ]
-    assert METHODS == ("attribution", "integrated-gradients", "attribution-log", "attribution-qk")
+    assert METHODS == (
+        "attribution",
+        "integrated-gradients",
+        "attribution-log",
+        "attribution-qk",
+        "attribution-gd",
+    )
     assert (folder / "report" / "attribution-grading.png").exists()
     # The estimates in the results table, beside the exact restores, named by their source.
     from mecheval.experiments.store import load_results

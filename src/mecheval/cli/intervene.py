@@ -42,8 +42,10 @@ Method = Annotated[
         "difference times gradient: one backward) | integrated-gradients (gradients "
         "averaged on the path from the corrupted to the original embeddings) | "
         "attribution-log (attribution of log p(answer), mapped back) | attribution-qk "
-        "(attribution-log with an attention layer's pattern taken exactly, AtP*'s fix); an "
-        "estimate is graded against the exact table on the same documents"
+        "(attribution-log with an attention layer's pattern taken exactly, AtP*'s fix) | "
+        "attribution-gd (AtP*'s GradDrop: the mean magnitude of attribution-log's step with "
+        "each layer's gradient dropped); an estimate is graded against the exact table on "
+        "the same documents"
     ),
 ]
 Steps = Annotated[int, typer.Option(help="integrated-gradients: points on the path")]

@@ -480,8 +480,9 @@ def _matrices(archs: list[str], conv_archs: list[str]) -> list[Experiment]:
         ),
         Experiment(
             "attribution",
-            "Attribution patching (of p, of log p, with AtP*'s attention fix) and integrated "
-            "gradients graded against exact interchange, every built-in architecture on AR",
+            "Attribution patching (of p, of log p, with AtP*'s attention fix and GradDrop) "
+            "and integrated gradients graded against exact interchange, every built-in "
+            "architecture on AR",
             "ar",
             {"model.architecture": list(BUILTIN_ARCHITECTURES)},
             (),

@@ -40,9 +40,18 @@ Methods (:data:`METHODS`):
   saturated softmax misses a pattern that moves from one position to another; the
   recomputed pattern does not. At every other site it is ``attribution-log``. Cost: one
   vector-Jacobian product per such layer and one pattern per cell besides the passes of
-  ``attribution``. (AtP*'s other part, GradDrop, ranks nodes by a bound on cancelling
-  paths rather than estimating a restore, so it has no place in a table of restored
-  likelihoods.)
+  ``attribution``.
+- ``attribution-gd``: AtP*'s GradDrop (Kramár et al. 2024) on ``attribution-log``'s step.
+  Paths from a site to the readout that cancel (one raising the answer, another lowering
+  it) give a small first-order step where patching moves the answer. For each layer ``l``
+  the step is taken again with the gradient through layer ``l``'s contributions to the
+  residual stream (its mixer's and its MLP's outputs) dropped, the skip path kept, and the
+  cell's step is their magnitudes' mean, sum_l |step_l| / (L - 1) (a site inside layer
+  ``l`` has step_l = 0, so for a site whose one path runs through its own layer this is
+  |step|). A magnitude: it never lowers the likelihood, and it ranks cells for an exact
+  check rather than estimating their restore; graded on the same table to show what
+  reading a label from it gives. With one layer there is nothing else to drop: |step|.
+  Cost: L times ``attribution-log``'s passes.
 
 A site is read through a forward hook that hands on a copy of its activation and keeps it,
 so the gradient flows through what follows the site and nothing else, as a patch there
@@ -76,9 +85,15 @@ from mecheval.models.sites import get_site, layer_site, state_site_layer, state_
 from mecheval.tasks.batch import Batch
 
 #: The estimators, by the name ``intervene --method`` takes.
-METHODS = ("attribution", "integrated-gradients", "attribution-log", "attribution-qk")
+METHODS = (
+    "attribution",
+    "integrated-gradients",
+    "attribution-log",
+    "attribution-qk",
+    "attribution-gd",
+)
 #: The methods that differentiate log p(answer) and map their estimates back.
-ON_LOG_LIKELIHOOD = ("attribution-log", "attribution-qk")
+ON_LOG_LIKELIHOOD = ("attribution-log", "attribution-qk", "attribution-gd")
 #: The methods that take one gradient, on the corrupted run (integrated gradients: a path).
 AT_THE_CORRUPTED_RUN = ("attribution", *ON_LOG_LIKELIHOOD)
 #: Integrated gradients' default number of points on the path (Hanna et al. use 5).
@@ -199,6 +214,69 @@ def estimate_cells(
                     model.layers[exact_at[site]], restored, corrupted_run.patterns[site]
                 )
     return CellEstimates(base, cells)
+
+
+def grad_drop_cells(
+    model: LanguageModel,
+    original: Batch,
+    corrupted: Batch,
+    sites: Sequence[str],
+    roles: Sequence[str],
+    readout: Readout = log_answer_probability,
+) -> CellEstimates:
+    """GradDrop (``attribution-gd``): each cell's step is the mean over the layers of its
+    magnitude with the gradient through that layer's contributions dropped,
+    sum_l |step_l| / (L - 1); with one layer, |step|."""
+    n_layers = len(model.layers)
+    dropped: list[int | None] = list(range(n_layers)) if n_layers > 1 else [None]
+    steps = []
+    for layer in dropped:
+        with _gradient_dropped(None if layer is None else model.layers[layer]):
+            steps.append(estimate_cells(model, original, corrupted, sites, roles, [0.0], readout))
+    base = steps[0].base
+    cells = {
+        cell: base + sum((s.cells[cell] - s.base).abs() for s in steps) / max(n_layers - 1, 1)
+        for cell in steps[0].cells
+    }
+    return CellEstimates(base, cells)
+
+
+class _NoGradient(torch.autograd.Function):
+    """The identity, through which no gradient passes (zeros do, so that a site before it
+    still has a gradient, 0)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(grad)
+
+
+@contextmanager
+def _gradient_dropped(block: nn.Module | None) -> Iterator[None]:
+    """While open, no gradient passes through ``block``'s contributions to the residual
+    stream (its mixer's output, in a forward and a resumed one, and its MLP's): only through
+    its skip path. Their values are unchanged. ``None``: nothing dropped."""
+    if block is None:
+        yield
+        return
+    patched = [(block.mixer, "forward"), (block.mixer, "forward_from")]
+    if block.mlp is not None:
+        patched.append((block.mlp, "forward"))
+    try:
+        for module, name in patched:
+            method = getattr(module, name)
+
+            def dropped(*args: Any, method: Callable = method, **kwargs: Any) -> torch.Tensor:
+                return _NoGradient.apply(method(*args, **kwargs))
+
+            setattr(module, name, dropped)  # an instance attribute, over the class's method
+        yield
+    finally:
+        for module, name in patched:
+            module.__dict__.pop(name, None)
 
 
 def _restored(
@@ -494,10 +572,13 @@ def attribution_patching(
         s_corr = common.score_rows(model(corrupted.tokens, at=corrupted.query), answer, candidates)
     rows = common.baseline_rows(s_orig, s_corr, common.batch_metrics(original))
     readout, to_likelihood = readout_of(method)
-    exact_patterns = method == "attribution-qk"
-    estimates = estimate_cells(
-        model, original, corrupted, sites, roles, points, readout, exact_patterns
-    )
+    if method == "attribution-gd":
+        estimates = grad_drop_cells(model, original, corrupted, sites, roles, readout)
+    else:
+        exact_patterns = method == "attribution-qk"
+        estimates = estimate_cells(
+            model, original, corrupted, sites, roles, points, readout, exact_patterns
+        )
     per_example = []
     for (site, role), estimate in estimates.cells.items():
         values = to_likelihood(estimate)

@@ -19,6 +19,7 @@ from reference_math import gen
 from mecheval.errors import ConfigError
 from mecheval.models import ModelConfig, build_model, site_names, state_size
 from mecheval.models.backbone import RMSNorm, count_parameters
+from mecheval.models.mixers.mamba3 import heavy_tail
 from mecheval.models.ops.mamba3 import Mamba3Inputs, mamba3_chunked, mamba3_recurrent
 from mecheval.models.registry import (
     BUILTIN_ARCHITECTURES,
@@ -199,9 +200,11 @@ def mamba3_reference(m, u: torch.Tensor, *, wrong: str = "") -> torch.Tensor:
     """mamba_ssm's ``Mamba3`` forward (SISO) from the mixer's weights: in_proj split
     [z, x, B, C, dd_dt, dd_A, trap, angles]; B, C RMS-normed per group, expanded to the heads
     and biased per head; Δ = softplus(dd_dt + dt_bias), A = -softplus(dd_A) (≤ -A_floor),
+    or from mamba_ssm c69aaab on A = -(1 + dd_A) where dd_A >= 0 and -1 / (1 - dd_A) below;
     λ = sigmoid(trap), angle steps Δ π tanh(angles); the complex recurrence above; y ⊙ SiLU(z)
     (or its per-head gated RMSNorm), out_proj. With the option's conv: a causal depthwise
-    conv over x, B, C first. ``wrong``: "bias" (B, C biases dropped) or "tanh" (raw angles)."""
+    conv over x, B, C first. ``wrong``: "bias" (B, C biases dropped), "tanh" (raw angles) or
+    "activation" (the other of A's two activations)."""
     batch, length, _ = u.shape
     di, heads, p, groups, n = m.d_inner, m.nheads, m.headdim, m.ngroups, m.d_state
     r = int(n * m.options.rope_fraction) // 2
@@ -219,7 +222,10 @@ def mamba3_reference(m, u: torch.Tensor, *, wrong: str = "") -> torch.Tensor:
     if wrong != "bias":
         B, C = B + m.B_bias, C + m.C_bias
     dt = F.softplus(dd_dt + m.dt_bias)
-    A = torch.minimum(-F.softplus(dd_a), torch.tensor(-m.options.A_floor, dtype=DTYPE))
+    heavy_tail = (m.options.A_activation == "heavy_tail") != (wrong == "activation")
+    tail = torch.where(dd_a >= 0, 1 + dd_a, 1 / (1 - dd_a))
+    positive = tail if heavy_tail else F.softplus(dd_a)
+    A = torch.minimum(-positive, torch.tensor(-m.options.A_floor, dtype=DTYPE))
     theta = angles if wrong == "tanh" else math.pi * torch.tanh(angles)
     steps = theta[:, :, None, :] * dt[..., None]
     x = x.reshape(batch, length, heads, p)
@@ -237,6 +243,7 @@ LAYER_CASES = [
     {},
     {"ngroups": 2, "headdim": 8, "rope_fraction": 1.0, "chunk_size": 3},
     {"d_state": 6, "d_conv": 3, "outproj_norm": True, "chunk_size": 4},
+    {"A_activation": "heavy_tail", "ngroups": 2, "headdim": 4, "chunk_size": 5},
 ]
 
 
@@ -249,6 +256,7 @@ def test_layer_equals_mamba_ssm_wiring(options: dict) -> None:
         torch.testing.assert_close(out, mamba3_reference(mixer, x), **TOL)
         assert not matches(out, mamba3_reference(mixer, x, wrong="bias"))
         assert not matches(out, mamba3_reference(mixer, x, wrong="tanh"))
+        assert not matches(out, mamba3_reference(mixer, x, wrong="activation"))
 
 
 @pytest.mark.parametrize("options", LAYER_CASES)
@@ -354,6 +362,20 @@ def test_defaults_mirror_mamba2_and_the_init_is_the_references() -> None:
     assert count_parameters(m) == in_proj + 2 * 2 * 64 + 2 * 64 + 2 * 2 + 128 * 64
 
 
+def test_the_heavy_tail_is_one_plus_a_above_zero_and_a_reciprocal_below() -> None:
+    a = torch.tensor([-20.0, -1.0, 0.0, 0.5, 3.0], dtype=DTYPE)
+    expected = torch.tensor([1 / 21, 0.5, 1.0, 1.5, 4.0], dtype=DTYPE)
+    torch.testing.assert_close(heavy_tail(a), expected, **TOL)
+    # Continuous, with slope 1 on either side of 0; its tail far above softplus's e^a.
+    step = torch.tensor(1e-7, dtype=DTYPE)
+    zero = torch.zeros((), dtype=DTYPE)
+    for side in (heavy_tail(step) - heavy_tail(zero), heavy_tail(zero) - heavy_tail(-step)):
+        assert abs(side / step - 1) < 1e-6
+    assert heavy_tail(a[:1]) > 1e7 * F.softplus(a[:1])
+    # The default is softplus, the reference's form up to 7438488.
+    assert model(d=16).layers[0].mixer.options.A_activation == "softplus"
+
+
 @pytest.mark.parametrize(
     ("options", "field"),
     [
@@ -365,6 +387,7 @@ def test_defaults_mirror_mamba2_and_the_init_is_the_references() -> None:
         ({"rope_fraction": 0.25}, "model.mixer.rope_fraction"),
         ({"dt_min": 0.2, "dt_max": 0.1}, "model.mixer.dt_max"),
         ({"is_mimo": True}, "model.mixer.is_mimo"),
+        ({"A_activation": "exp"}, "model.mixer.A_activation"),
     ],
 )
 def test_bad_options_give_one_line_naming_the_field(options: dict, field: str) -> None:

@@ -5,7 +5,8 @@ Principles"), SISO, as ``mamba_ssm``'s ``modules/mamba3.py`` ``Mamba3`` builds i
     B, C  = RMSNorm(B), RMSNorm(C)              over N per group, learned weights
     B, C  = B + B_bias, C + C_bias              per head ([H, N], init 1)
     Δ     = softplus(dt + dt_bias)              one step size per head
-    A     = min(-softplus(a), -A_floor)         a data-dependent decay per head and step
+    A     = min(-f(a), -A_floor)                a data-dependent decay per head and step;
+                                                f = softplus (default) or the heavy tail
     λ     = sigmoid(trap)                       the trapezoid's weight per head and step
     Δθ    = Δ · π tanh(θ)                       R angle steps, shared by the heads but for Δ
     y     = mamba3 recurrence (models/ops/mamba3.py): exponential-trapezoidal, B and C
@@ -23,6 +24,11 @@ reference's 0.5 or 1.0), pairs (2j, 2j+1) as its SISO kernel. Defaults mirror ou
 d_model = 64 gives 2 heads of 64 with a 64 x 64 state each, as our Mamba-2; ``chunk_size`` 64.
 Init as the reference: dt_bias as Mamba-2's, B_bias = C_bias = D = 1, norms 1, no A_log (A
 comes from the input). MIMO (``is_mimo``) is not offered.
+
+A's activation: the reference's first releases (up to state-spaces/mamba 7438488) take
+softplus, the default here; from c69aaab on it takes a heavier tail, f(a) = 1 + a for a >= 0
+and 1 / (1 - a) below (``A_activation: heavy_tail``), which keeps a negative a's decay away
+from zero (the reference's reason: stability at high learning rates).
 
 :func:`~mecheval.models.ops.mamba3.mamba3_chunked` is the forward;
 :func:`~mecheval.models.ops.mamba3.mamba3_recurrent` the step-by-step reference that tests
@@ -49,6 +55,12 @@ from mecheval.models.ops.mamba3 import (
 )
 
 
+def heavy_tail(a: torch.Tensor) -> torch.Tensor:
+    """1 + a for a >= 0, 1 / (1 - a) below: positive, with value and slope 1 at 0, and a
+    tail that falls as 1 / |a| where softplus falls as e^a."""
+    return a.clamp(min=0) + torch.reciprocal(1 - a.clamp(max=0))
+
+
 class Mamba3Options(SSDHeadOptions):
     d_state: int = Field(64, ge=2, description="SSM state size N per head")
     rope_fraction: Literal[0.5, 1.0] = Field(
@@ -58,6 +70,11 @@ class Mamba3Options(SSDHeadOptions):
         None, ge=1, description="short conv over x, B, C; null (default): none, as the reference"
     )
     A_floor: float = Field(1e-4, gt=0.0, description="A <= -A_floor: every step decays")
+    A_activation: Literal["softplus", "heavy_tail"] = Field(
+        "softplus",
+        description="f in A = -f(a): softplus (mamba_ssm to 7438488) or heavy_tail, 1 + a for "
+        "a >= 0 and 1 / (1 - a) below (mamba_ssm from c69aaab)",
+    )
     outproj_norm: bool = Field(False, description="gated RMSNorm per head before out_proj")
     norm_eps: float = Field(1e-5, gt=0.0, description="eps of the B, C and output norms")
 
@@ -116,7 +133,8 @@ class Mamba3(SSDHeads):
         b = b.repeat_interleave(per_group, dim=2) + self.B_bias
         c = c.repeat_interleave(per_group, dim=2) + self.C_bias
         delta = F.softplus(dt + self.dt_bias)
-        A = (-F.softplus(a)).clamp(max=-self.options.A_floor)
+        activation = heavy_tail if self.options.A_activation == "heavy_tail" else F.softplus
+        A = (-activation(a)).clamp(max=-self.options.A_floor)
         angle_steps = (torch.tanh(theta) * math.pi)[..., None, :] * delta[..., None]
         x = x.unflatten(-1, (self.nheads, self.headdim))
         return Mamba3Inputs(x, A * delta, delta, torch.sigmoid(trap), angle_steps, b, c), z

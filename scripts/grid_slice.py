@@ -38,6 +38,8 @@ def reproduce_command(args: argparse.Namespace) -> list[str]:
         value = getattr(args, option)
         if value:
             command += [f"--{option}", value]
+    for override in args.set:
+        command += ["--set", override]
     return command
 
 
@@ -83,6 +85,9 @@ def main() -> int:
     parser.add_argument("--widths", help="as reproduce's --widths")
     parser.add_argument("--lrs", help="as reproduce's --lrs")
     parser.add_argument("--seeds", help="as reproduce's --seeds")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="as reproduce's --set"
+    )
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=540.0, help="stop the slice after")
     parser.add_argument("--work", type=Path, default=Path("/tmp/grid-slice"))

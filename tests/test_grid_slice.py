@@ -69,12 +69,13 @@ def test_the_slice_reaches_reproduce_with_its_options() -> None:
     module = grid_slice()
     args = module.argparse.Namespace(
         experiment="ar", preset="paper", device="cuda", archs="mamba,hyena", widths="128",
-        lrs=None, seeds="0", workers=2, work=Path("/tmp/w"),
+        lrs=None, seeds="0", workers=2, work=Path("/tmp/w"), set=["model.mixer.num_heads=4"],
     )  # fmt: skip
     command = module.reproduce_command(args)
     assert command[3:] == [
         "reproduce", "ar", "--preset", "paper", "--device", "cuda", "--out", "/tmp/w",
         "--workers", "2", "-q", "--archs", "mamba,hyena", "--widths", "128", "--seeds", "0",
+        "--set", "model.mixer.num_heads=4",
     ]  # fmt: skip
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -44,15 +43,16 @@ def reproduce_command(args: argparse.Namespace) -> list[str]:
 
 
 def run_within(command: list[str], seconds: float) -> tuple[int | None, float]:
-    """Run ``command``; past ``seconds``, interrupt it as Ctrl-C does (the sweep marks what it
-    was training as stopped), and kill it 30 s later. (exit status, None if it was stopped;
-    wall seconds)."""
+    """Run ``command``; past ``seconds``, stop it with SIGTERM, which a sweep takes as Ctrl-C
+    (what it was training is recorded as interrupted; SIGINT would not reach a command started
+    in the background, which ignores it), and kill it 30 s later. (exit status, None if it
+    was stopped; wall seconds)."""
     start = time.monotonic()
     process = subprocess.Popen(command)
     try:
         return process.wait(timeout=seconds), time.monotonic() - start
     except subprocess.TimeoutExpired:
-        process.send_signal(signal.SIGINT)
+        process.terminate()
         try:
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:

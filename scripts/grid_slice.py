@@ -3,7 +3,7 @@
 A card is lent in short slices (one command there runs at most 10 minutes, and only a few tens
 of MB come back), so a paper grid runs in pieces: each piece a `mecheval reproduce` of some
 architectures, widths and LRs. This runs one piece into a working folder, stops it at
-``--seconds`` if it is still going (its unfinished runs then read as cut off), and copies every
+``--seconds`` if it is still going (its unfinished runs then read as interrupted), and copies every
 run's small files (config, status, metrics, interventions, emergence, mechanism, provenance:
 everything but the weights, the checkpoint and the lock) under ``--dest``, where `mecheval
 results` and `mecheval report` merge the pieces of many machines (docs/sweeps.md).

@@ -22,7 +22,7 @@ init (zoology's ``_init_weights``) rescales only ``out_proj``/``fc2`` by 1/sqrt(
 ``o_proj`` stays at N(0, init_std), as in the paper's models.
 
 Heads: the paper names fla's DeltaNet but not its arguments (its Table 1 has no DeltaNet, and
-the released tinylang code has no DeltaNet entry in any commit). ``num_heads`` defaults to 1, as
+no commit of tinylang's public repository has a DeltaNet entry). ``num_heads`` defaults to 1, as
 tinylang passes ``num_heads: n_head`` to every other mixer with heads (attention, Based) and
 every released config sets ``n_head: 1``; ``num_heads: 4`` gives fla's own default.
 

@@ -33,7 +33,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from mecheval.models import ARCHITECTURES, ModelConfig, build_model, count_parameters, kernels
-from mecheval.training.precision import Precision, autocast
+from mecheval.training.config import Precision
+from mecheval.training.precision import autocast
 
 
 def time_step(

@@ -684,8 +684,8 @@ def test_a_lone_run_asking_for_the_single_run_trainer_is_not_stacked(
     def lone(**training) -> ResolvedRun:
         return ResolvedRun.of(config(**training), tmp_path / "run")
 
-    assert group_module._replays_alone(lone())
-    assert not group_module._replays_alone(lone(compile=True))
+    assert group_module.replays_alone(lone())
+    assert not group_module.replays_alone(lone(compile=True))
     fused = lone()
     fused = ResolvedRun.of(
         fused.cfg.model_copy(
@@ -693,4 +693,4 @@ def test_a_lone_run_asking_for_the_single_run_trainer_is_not_stacked(
         ),
         tmp_path / "run",
     )
-    assert not group_module._replays_alone(fused)
+    assert not group_module.replays_alone(fused)

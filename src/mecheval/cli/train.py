@@ -117,13 +117,15 @@ def _train(run, callbacks: list, quiet: bool) -> dict:
     """Train the run; a Ctrl-C or SIGTERM exits 130 / 143 with where to resume."""
     from mecheval.cli.run_progress import run_reporter
     from mecheval.training.folder import peek_status
-    from mecheval.training.run import Terminated, stop_on_sigterm
-    from mecheval.training.stacking.group import train_runs
+    from mecheval.training.run import Terminated, stop_on_sigterm, train_run
+    from mecheval.training.stacking.group import replays_alone, train_runs
 
     try:
         with stop_on_sigterm():
-            # A lone run: on a GPU its step is replayed as a CUDA graph (a stack of one).
             reporter = run_reporter(run.cfg.name, quiet)
+            if not replays_alone(run):
+                return train_run(run, callbacks, reporter=reporter)
+            # On a GPU a lone run's step is replayed as a CUDA graph: a stack of one.
             return train_runs([run], callbacks=callbacks, reporter_for=lambda _: reporter)[0]
     except KeyboardInterrupt as err:
         step = (peek_status(run.run_dir) or {}).get("step", 0)

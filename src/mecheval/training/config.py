@@ -25,7 +25,9 @@ from mecheval.models.backbone import uses_position_embedding
 from mecheval.models.mixers.base import Mixer
 from mecheval.models.registry import ARCHITECTURES
 from mecheval.tasks import TASKS, TaskConfig, get_task
-from mecheval.training.precision import Precision
+
+#: ``training.precision``: the training step's arithmetic (training/precision.py applies it).
+Precision = Literal["fp32", "tf32", "bf16"]
 
 #: A run folder's name: one path component inside ``--out`` (and not "." or "..").
 # "~" (a parallel layer in a hybrid's name) not first, where a shell would read a home folder

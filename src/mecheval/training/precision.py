@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Literal
+from typing import TYPE_CHECKING
 
 import torch
 
-Precision = Literal["fp32", "tf32", "bf16"]
+if TYPE_CHECKING:  # the config's vocabulary; this module stays free of the config's imports
+    from mecheval.training.config import Precision
 
 
 def autocast(precision: Precision, device: torch.device) -> contextlib.AbstractContextManager:

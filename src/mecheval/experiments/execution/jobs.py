@@ -130,7 +130,8 @@ def execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
 
 
 def _execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
-    from mecheval.training.stacking.group import train_runs
+    from mecheval.training.run import train_run
+    from mecheval.training.stacking.group import replays_alone, train_runs
     from mecheval.training.threads import set_torch_threads
 
     first = jobs[0]
@@ -147,13 +148,16 @@ def _execute_group(jobs: Sequence[Job], progress: Any = None) -> list[Outcome]:
 
     def train_some(indices: Sequence[int]) -> str:
         """Train these runs of the group; the crash that stopped them ("" if none)."""
+        members = [runs[i] for i in indices]
         try:
-            train_runs(
-                [runs[i] for i in indices],
-                callbacks=callbacks,
-                max_group=len(indices),
-                reporter_for=reporter,
-            )
+            if len(members) == 1 and not replays_alone(members[0]):
+                # The plain road: a lone run that no CUDA graph replays is the single-run trainer's.
+                lone = members[0]
+                train_run(lone, callbacks, reporter=reporter([lone.cfg]) if reporter else None)
+            else:
+                train_runs(
+                    members, callbacks=callbacks, max_group=len(indices), reporter_for=reporter
+                )
         except Exception as err:  # a crash of one group must not end the sweep
             return crash_text(err)
         return ""

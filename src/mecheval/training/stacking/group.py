@@ -58,7 +58,7 @@ holds it to its one-by-one runs), with three costs of speed, not correctness:
 A stack pays where small models leave a device idle (a GPU, many cores): there the step runs
 on the device from batch to update and is replayed as one CUDA graph (group_trainer.py,
 stack_feed.py, captured.py); a lone run there trains as a stack of one for that replay
-(:func:`_replays_alone` says where). On a CPU, batching a compute-bound step adds no parallelism:
+(:func:`replays_alone` says where). On a CPU, batching a compute-bound step adds no parallelism:
 sweeps there train one run at a time unless asked (docs/performance.md has the figures and
 benchmarks/bench_training.py measures them).
 """
@@ -121,7 +121,7 @@ def _train_members(
         ]
 
     alone = len(runs) == 1
-    if (alone and not _replays_alone(runs[0])) or not use_vmap:
+    if (alone and not replays_alone(runs[0])) or not use_vmap:
         return one_by_one()
     folders = [run.folder() for run in runs]
     with contextlib.ExitStack() as held:
@@ -137,7 +137,7 @@ def _train_members(
     return one_by_one()
 
 
-def _replays_alone(run: ResolvedRun) -> bool:
+def replays_alone(run: ResolvedRun) -> bool:
     """Whether a lone run trains as a stack of one, its step replayed as a CUDA graph: on a
     device that replays, not side by side with other threads (captured stacks of one trained
     wrongly there: docs/performance.md), and not asking for what only the single-run trainer

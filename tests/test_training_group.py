@@ -672,6 +672,38 @@ def test_lone_run_side_by_side_trains_alone(
     assert spy.stacked == [] and spy.fallback == [tmp_path / "g0"]
 
 
+@pytest.mark.parametrize("replays", [False, True], ids=["eager", "replayed"])
+def test_a_lone_run_takes_the_single_run_trainer_unless_its_step_is_replayed(
+    tmp_path: Path, monkeypatch, capsys, replays: bool
+) -> None:
+    """A sweep's lone run and `mecheval train`'s run go straight to train_run() where no CUDA
+    graph replays their step (the stacking code is not entered); where one would, they go to
+    train_runs() as a stack of one. Either way the run trains to the same end."""
+    from small_runs import SWEEP_BASE, run_cli
+
+    from mecheval.experiments import runners
+    from mecheval.experiments.execution import jobs
+    from mecheval.experiments.grid import SweepSpec
+
+    entered: list[int] = []
+    stack_runs = group_module.train_runs
+
+    def spying(runs, **kwargs):
+        entered.append(len(runs))
+        return stack_runs(runs, **kwargs)
+
+    monkeypatch.setattr(group_module, "train_runs", spying)
+    monkeypatch.setattr(group_module, "replays_alone", lambda run: replays)
+    spec = SweepSpec(name="lone", base=SWEEP_BASE, grid={"training.seed": [0]})
+    (job,) = runners.make_jobs(spec, tmp_path, 1, None, False, None)
+    assert jobs.execute_group([job])[0].state == "done"
+    code, _, _ = run_cli(monkeypatch, capsys, "train", "--preset", "tiny", "--out", str(tmp_path))
+    assert code == 0
+    assert entered == ([1, 1] if replays else [])
+    alone = train(job.run().cfg, tmp_path / "alone")  # the Python API's door
+    assert read_status(Path(job.run_dir))["metrics"] == alone["metrics"]
+
+
 def test_a_lone_run_asking_for_the_single_run_trainer_is_not_stacked(
     tmp_path: Path, monkeypatch
 ) -> None:

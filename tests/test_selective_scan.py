@@ -58,3 +58,49 @@ def test_blocked_scan_equals_the_recurrence_from_an_initial_state(
         u[cut:], dt[cut:], A, B[cut:], C[cut:], keep=False, initial=states[cut - 1]
     )[0]
     torch.testing.assert_close(resumed, reference[cut:], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("start", ["zero", "state before", "state after the first step"])
+@pytest.mark.parametrize("neg_eigval", [False, True])
+def test_decays_made_step_by_step_give_the_bits_of_all_made_at_once(
+    monkeypatch: pytest.MonkeyPatch, start: str, neg_eigval: bool
+) -> None:
+    """Where a state's D x N fills whole vectors (scan.WHOLE_VECTORS), the scan without kept
+    states makes each decay as its step comes, and its readout has the bits of the scan that
+    keeps every state and makes every decay first; so do the states of :func:`scan_states`."""
+    u, dt, A, B, C, initial = _inputs(rows=37)
+    A, initial = A[:16], initial[:, :16]  # 16 x 8 = 128 elements a state
+    u, dt = u[..., :16], dt[..., :16]
+    assert A.numel() % scan.WHOLE_VECTORS == 0
+    kwargs = {
+        "initial": None if start == "zero" else initial,
+        "replace_first": start == "state after the first step",
+        "neg_eigval": neg_eigval,
+    }
+    kept_y, kept_states, _ = scan.scan_with_states(u, dt, A, B, C, keep=True, **kwargs)
+    monkeypatch.setattr(scan, "CACHE_BLOCK", 5 * A.numel())  # blocks of 5 rows, 2 left over
+    y = scan.scan_with_states(u, dt, A, B, C, keep=False, **kwargs)[0]
+    assert torch.equal(y, kept_y)
+    if start == "zero":
+        states = scan.scan_states(u, dt, A, B, neg_eigval)
+        assert states.shape == kept_states.shape == (*u.shape, A.shape[1])
+        assert torch.equal(states, kept_states)
+
+
+def test_scan_states_resume_to_the_recurrence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In float64, against the step-by-step reference, where D x N fills no whole vectors
+    (the decays made a block at a time): the state :func:`scan_states` keeps at a cut, resumed
+    from, gives the whole document's outputs after it."""
+    monkeypatch.setattr(scan, "CACHE_BLOCK", 3 * 6 * 5)
+    u, dt, A, B, C, _ = _inputs(rows=10, dtype=torch.float64, length=9)
+    u, dt, A, B, C = u[..., :6], dt[..., :6], A[:6, :5], B[..., :5], C[..., :5]
+    assert A.numel() % scan.WHOLE_VECTORS != 0
+    batch_major = [t.transpose(0, 1) for t in (u / dt, dt, B, C)]
+    D = torch.zeros(6, dtype=torch.float64)
+    reference = scan.selective_scan_reference(*batch_major[:2], A, *batch_major[2:], D)
+    states = scan.scan_states(u, dt, A, B)
+    cut = 4
+    resumed = scan.scan_with_states(
+        u[cut:], dt[cut:], A, B[cut:], C[cut:], keep=False, initial=states[cut - 1]
+    )[0]
+    torch.testing.assert_close(resumed, reference.transpose(0, 1)[cut:], rtol=1e-12, atol=1e-12)

@@ -35,7 +35,7 @@ from torch import nn
 from mecheval.models.mixers.base import Mixer
 from mecheval.models.mixers.modules import ShortConv
 from mecheval.models.mixers.options import SCALAR_NEG_EIGVAL, MixerOptions, neg_eigval_field
-from mecheval.models.ops.selective_scan import scan_with_states, selective_scan
+from mecheval.models.ops.selective_scan import scan_states, scan_with_states, selective_scan
 
 
 class MambaOptions(MixerOptions):
@@ -144,7 +144,12 @@ class Mamba(SelectiveSSM):
     # Resuming from a prefix (Mixer.final_states): the state is the SSM's h after each
     # position, [B, T, d_inner, N]; the conv reads d_conv - 1 inputs before the cut.
     def final_states(self, x: torch.Tensor) -> torch.Tensor:
-        return self._scan_from(x, 0, None, keep=True)[1].transpose(0, 1)
+        xs, delta, b, _, _ = self.ssm_inputs(x)
+        dt = delta.transpose(0, 1)
+        states = scan_states(
+            dt * xs.transpose(0, 1), dt, self.A(), b.transpose(0, 1), self.options.allow_neg_eigval
+        )
+        return states.transpose(0, 1)
 
     def mix_from(
         self,
@@ -153,7 +158,7 @@ class Mamba(SelectiveSSM):
         initial_state: torch.Tensor | None,
         replace: bool = False,
     ) -> torch.Tensor:
-        y, z = self._scan_from(x, offset, initial_state, keep=False, replace=replace)
+        y, z = self._scan_from(x, offset, initial_state, replace=replace)
         return self.out_proj(y * F.silu(z))
 
     carries = "state"
@@ -163,11 +168,9 @@ class Mamba(SelectiveSSM):
         x: torch.Tensor,
         offset: int,
         state: torch.Tensor | None,
-        keep: bool,
         replace: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(y before the gate [R, W - offset, d_inner], z) from window position ``offset``
-        on, or with ``keep`` (y, every state [T, R, d_inner, N])."""
+        """(y before the gate [R, W - offset, d_inner], z) from window position ``offset`` on."""
         xs, delta, b, c, z = (t[:, offset:] for t in self.ssm_inputs(x))
         xt, dt = xs.transpose(0, 1), delta.transpose(0, 1)
         bt, ct = b.transpose(0, 1), c.transpose(0, 1)
@@ -177,10 +180,9 @@ class Mamba(SelectiveSSM):
             self.A(),
             bt,
             ct,
-            keep=keep,
+            keep=False,
             initial=state,
             replace_first=replace,
             neg_eigval=self.options.allow_neg_eigval,
         )
-        y = (out[0] + xt * self.D).transpose(0, 1)
-        return (y, out[1]) if keep else (y, z)
+        return (out[0] + xt * self.D).transpose(0, 1), z

@@ -107,6 +107,25 @@ def selective_scan(
 #: stay within a core's L2 cache.
 CACHE_BLOCK = 1 << 17
 
+#: A vectorised elementwise kernel of PyTorch's CPU backend handles the elements past its last
+#: whole pair of vectors with a scalar routine, whose exp may round differently. Where a
+#: state's D x N is a multiple of this (two AVX-512 vectors of float32, twice over), no
+#: tensor of whole states has such a tail, so a decay computed one step at a time has the
+#: bits of the decays computed over every step at once.
+WHOLE_VECTORS = 64
+
+
+def _row_blocks(u: torch.Tensor, A: torch.Tensor) -> list[slice]:
+    """The batch rows of a CPU scan in blocks whose state fits :data:`CACHE_BLOCK`."""
+    rows = max(1, CACHE_BLOCK // A.numel())
+    return [slice(r, r + rows) for r in range(0, u.shape[1], rows)]
+
+
+def _decays(dt: torch.Tensor, A: torch.Tensor, neg_eigval: bool) -> torch.Tensor:
+    """exp(Δ A) (or 2 exp(Δ A) - 1 with ``neg_eigval``) of Δ [..., D] -> [..., D, N]."""
+    decay = torch.exp(dt.unsqueeze(-1) * A)
+    return 2 * decay - 1 if neg_eigval else decay
+
 
 def scan_with_states(
     u: torch.Tensor,
@@ -120,36 +139,35 @@ def scan_with_states(
     neg_eigval: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """Time-major scan: u = Δx, dt = Δ [T, batch, D]; B, C [T, batch, N] -> y [T, batch, D]
-    and, with ``keep``, every state and decay [T, batch, D, N] for the backward pass (or for
-    resuming from any position). ``initial`` [batch, D, N]: the state before the first step,
-    or with ``replace_first`` the state after it (the first step's update is skipped).
-    ``neg_eigval``: the decays are 2 exp(Δ A) - 1.
+    and, with ``keep``, every state and decay [T, batch, D, N] for the backward pass.
+    ``initial`` [batch, D, N]: the state before the first step, or with ``replace_first`` the
+    state after it (the first step's update is skipped). ``neg_eigval``: the decays are
+    2 exp(Δ A) - 1.
 
     Without ``keep`` on a CPU the rows go through in blocks whose state fits a core's cache
-    (:data:`CACHE_BLOCK` elements): a whole [batch, D, N] state is several MB at an
-    intervention's batch, and each step's four passes over it then come from memory. Every
+    (:data:`CACHE_BLOCK` elements), each step's decay made as the step needs it: a whole
+    [batch, D, N] state is several MB at an intervention's batch, and each step's passes over
+    it (and over a decay computed for every step beforehand) then come from memory. Every
     operation is elementwise or a sum over N within a row, so the blocks give the same bits
     (tests/test_selective_scan.py)."""
-    rows = max(1, CACHE_BLOCK // A.numel())
-    if not keep and u.device.type == "cpu" and u.shape[1] > rows:
-        blocks = [
-            scan_with_states(
-                u[:, r : r + rows],
-                dt[:, r : r + rows],
+    if not keep and u.device.type == "cpu":
+        y = u.new_empty(u.shape)
+        stepwise = A.numel() % WHOLE_VECTORS == 0
+        for rows in _row_blocks(u, A):
+            first = None if initial is None else initial[rows]
+            y[:, rows] = _scan_rows(
+                u[:, rows],
+                dt[:, rows],
                 A,
-                B[:, r : r + rows],
-                C[:, r : r + rows],
-                keep=False,
-                initial=None if initial is None else initial[r : r + rows],
-                replace_first=replace_first,
-                neg_eigval=neg_eigval,
-            )[0]
-            for r in range(0, u.shape[1], rows)
-        ]
-        return (torch.cat(blocks, dim=1),)
-    decay = torch.exp(dt.unsqueeze(-1) * A)
-    if neg_eigval:
-        decay = 2 * decay - 1
+                B[:, rows],
+                C[:, rows],
+                first,
+                replace_first,
+                neg_eigval,
+                stepwise,
+            )
+        return (y,)
+    decay = _decays(dt, A, neg_eigval)
     if replace_first:
         h = initial
     else:
@@ -165,6 +183,60 @@ def scan_with_states(
     if not keep:
         return (torch.stack(ys),)
     return torch.stack(ys), torch.stack(states), decay
+
+
+def _scan_rows(
+    u: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    initial: torch.Tensor | None,
+    replace_first: bool,
+    neg_eigval: bool,
+    stepwise: bool,
+) -> torch.Tensor:
+    """:func:`scan_with_states`' readout of one block of rows, without kept states; its
+    decays one step at a time where ``stepwise`` (:data:`WHOLE_VECTORS`), else all at once."""
+    decays = None if stepwise else _decays(dt, A, neg_eigval)
+
+    def decay(t: int) -> torch.Tensor:
+        return _decays(dt[t], A, neg_eigval) if decays is None else decays[t]
+
+    if replace_first:
+        h = initial
+    else:
+        h = u[0].unsqueeze(-1) * B[0].unsqueeze(-2)
+        if initial is not None:
+            h = torch.addcmul(h, decay(0), initial)
+    y = u.new_empty(u.shape)
+    y[0] = (h * C[0].unsqueeze(-2)).sum(-1)
+    for t in range(1, u.shape[0]):
+        h = torch.addcmul(u[t].unsqueeze(-1) * B[t].unsqueeze(-2), decay(t), h)
+        y[t] = (h * C[t].unsqueeze(-2)).sum(-1)
+    return y
+
+
+def scan_states(
+    u: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, neg_eigval: bool = False
+) -> torch.Tensor:
+    """Every state of :func:`scan_with_states` from a zero state, [T, batch, D, N] (u, dt
+    [T, batch, D]; B [T, batch, N]), without the readout or the decays: what an intervention
+    resumes from. Written straight into the result, a block of rows at a time on a CPU (as a
+    scan without kept states), the same bits as ``scan_with_states(..., keep=True)[1]``."""
+    states = u.new_empty(*u.shape, A.shape[1])
+    cpu = u.device.type == "cpu"
+    stepwise = cpu and A.numel() % WHOLE_VECTORS == 0
+    for rows in _row_blocks(u, A) if cpu else [slice(None)]:
+        ur, dtr, br = u[:, rows], dt[:, rows], B[:, rows]
+        decays = None if stepwise else _decays(dtr, A, neg_eigval)
+        h = ur[0].unsqueeze(-1) * br[0].unsqueeze(-2)
+        states[0, rows] = h
+        for t in range(1, u.shape[0]):
+            decay = _decays(dtr[t], A, neg_eigval) if decays is None else decays[t]
+            h = torch.addcmul(ur[t].unsqueeze(-1) * br[t].unsqueeze(-2), decay, h)
+            states[t, rows] = h
+    return states
 
 
 class _SelectiveScan(torch.autograd.Function):

@@ -138,6 +138,11 @@ CASES = [
         (*TINY, "--set", "training.stop_at_accuracy=0.9", "--set", "training.eval_splits=[test]"),
         "training.stop_at_accuracy",
     ),
+    Case(
+        "a split both every time and at the end",
+        (*TINY, "--set", "training.eval_at_end=[test]"),
+        "training.eval_at_end",
+    ),
     Case("beta out of range", (*TINY, "--set", "training.betas=[0.9,1.5]"), "training.betas"),
     Case("n_train below one batch", (*TINY, "--set", "task.n_train=8"), "training.batch_size"),
     Case("batch size zero", (*TINY, "--set", "training.batch_size=0"), "training.batch_size"),

@@ -122,3 +122,58 @@ def test_a_sweep_says_where_a_run_stopped(tmp_path: Path) -> None:
     table = load_results(tmp_path / "s")
     reasons = table.groupby("run")["reason"].first()
     assert reasons[stopped.name] == stopped.reason and reasons[full.name] == ""
+
+
+def _split_rows(run_dir: Path, split: str) -> pd.DataFrame:
+    rows = pd.read_csv(run_dir / "metrics.csv")
+    return rows[rows["split"] == split].reset_index(drop=True)
+
+
+@pytest.mark.parametrize("stops", [False, True])
+def test_a_split_evaluated_at_the_end_only_gives_the_full_runs_final_metrics(
+    tmp_path: Path, data, stops: bool
+) -> None:
+    """``training.eval_at_end``: the test split is evaluated at the run's last evaluation
+    alone (its last step, or where it stops early), with the numbers and weights of the run
+    that evaluates it every time; the dev curve is that run's."""
+    probe, every_dir, end_dir = tmp_path / "probe", tmp_path / "every", tmp_path / "end"
+    train(config(steps=STEPS, eval_every=EVERY, lr=1e-2), probe, datasets=data)
+    target, last = target_inside(dev_accuracy(probe)) if stops else (None, STEPS)
+    common = {"steps": STEPS, "eval_every": EVERY, "lr": 1e-2, "stop_at_accuracy": target}
+    train(config(**common), every_dir, datasets=data)  # the reference, to the same stop
+    status = train(
+        config(**common, eval_splits=["dev"], eval_at_end=["test"]), end_dir, datasets=data
+    )
+    assert status["step"] == last
+    test_every, test_end = _split_rows(every_dir, "test"), _split_rows(end_dir, "test")
+    assert set(test_end["step"]) == {last}
+    pd.testing.assert_frame_equal(
+        test_end, test_every[test_every["step"] == last].reset_index(drop=True)
+    )
+    pd.testing.assert_frame_equal(_split_rows(end_dir, "dev"), _split_rows(every_dir, "dev"))
+    assert status["metrics"]["test"] == read_status(every_dir)["metrics"]["test"]
+    assert (end_dir / "model.safetensors").read_bytes() == (
+        every_dir / "model.safetensors"
+    ).read_bytes()
+
+
+def test_a_stacked_member_evaluates_its_end_split_where_it_stops(
+    tmp_path: Path,
+    data,
+    spy: StackSpy,  # noqa: F811
+) -> None:
+    """In a stack, each member evaluates its ``eval_at_end`` split at its own last
+    evaluation: the one that stops early there, the other at the last step."""
+    fast, slow = {"lr": 1e-2, "seed": 0}, {"lr": 1e-4, "seed": 1}
+    probe = tmp_path / "probe"
+    train(config(steps=STEPS, eval_every=EVERY, **fast), probe, datasets=data)
+    target, first = target_inside(dev_accuracy(probe))
+    common = {"steps": STEPS, "eval_every": EVERY, "stop_at_accuracy": target}
+    ends = {"eval_splits": ["dev"], "eval_at_end": ["test"]}
+    cfgs = [config(**common, **ends, **fast), config(**common, **ends, **slow)]
+    group = spied_group(spy, cfgs, [tmp_path / "g0", tmp_path / "g1"], datasets=data, use_vmap=True)
+    assert [s["step"] for s in group] == [first, STEPS]
+    for i, last in enumerate((first, STEPS)):
+        assert set(_split_rows(tmp_path / f"g{i}", "test")["step"]) == {last}
+        train(cfgs[i], tmp_path / f"s{i}", datasets=data)
+        assert_same_run(tmp_path / f"g{i}", tmp_path / f"s{i}")

@@ -32,6 +32,7 @@ OPERATIONAL_COLUMNS = frozenset(
         "training.checkpoint_every",
         "training.eval_batch_size",
         "training.eval_splits",
+        "training.eval_at_end",
         "training.eval_every",
     }
 )

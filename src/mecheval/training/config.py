@@ -78,6 +78,14 @@ class TrainConfig(BaseModel):
     checkpoint_every: int | None = Field(None, ge=1, description="steps; unset: eval_every")
     keep_checkpoint: bool = Field(False, description="keep the training state after a run is done")
     eval_splits: list[Split] = Field(default_factory=lambda: ["dev", "test"])
+    eval_at_end: list[Split] = Field(
+        default_factory=list,
+        description=(
+            "splits evaluated at the run's last evaluation only (its last step, or the one "
+            "training.stop_at_accuracy stops it at), after eval_splits: their final metrics "
+            "without the curve, at a fraction of the time"
+        ),
+    )
     eval_batch_size: int | None = Field(None, ge=1, description="unset: batch_size")
     threads: int | None = Field(None, ge=1, description="torch CPU threads; unset: leave as is")
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?|mps)$")
@@ -307,6 +315,11 @@ def resolve(cfg: RunConfig, build_check: bool = True) -> RunConfig:
     if build_check:
         check_buildable(model, length)
     t = cfg.training
+    if both := sorted(set(t.eval_splits) & set(t.eval_at_end)):
+        raise ConfigError(
+            f"training.eval_at_end: {both} already in training.eval_splits (evaluated at "
+            "every evaluation); name a split in one of the two"
+        )
     if t.stop_at_accuracy is not None and "dev" not in t.eval_splits:
         raise ConfigError(
             "training.stop_at_accuracy: reads the dev accuracy, but training.eval_splits "

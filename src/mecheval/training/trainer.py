@@ -176,7 +176,7 @@ class Trainer:
         assert self.t.eval_batch_size is not None
         return {
             split: eval_batches(self.datasets[split], self.t.eval_batch_size, self.device)
-            for split in self.t.eval_splits
+            for split in (*self.t.eval_splits, *self.t.eval_at_end)
         }
 
     # ------------------------------------------------------------------ state
@@ -269,11 +269,15 @@ class Trainer:
         self.metrics.add(step, "train", train)
         self.loss_sum, self.loss_count = 0.0, 0
         results: dict[str, dict[str, float]] = {}
-        for split, batches in self.eval_batches.items():
-            results[split] = evaluate_batches(self.model, batches)
+        for split in self.t.eval_splits:
+            results[split] = evaluate_batches(self.model, self.eval_batches[split])
             self.metrics.add(step, split, results[split])
-        self.metrics.flush()
         self.last_results = results
+        if self.t.eval_at_end and (step == self.total or (step > 0 and self.reached_target())):
+            for split in self.t.eval_at_end:
+                results[split] = evaluate_batches(self.model, self.eval_batches[split])
+                self.metrics.add(step, split, results[split])
+        self.metrics.flush()
         self.reporter.evaluated(step, results)
         logged = scalars({"train": train, **results})
         if self.callbacks:

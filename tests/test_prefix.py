@@ -158,3 +158,28 @@ def test_a_state_site_on_a_mixer_without_a_halo_is_one_line() -> None:
     with pytest.raises(ValueError, match=r"^layers\.1\.mixer carries a state but its halo\(\)"):
         cache.block_prefix(model, 1)
     assert cache.block_prefix(model, 0).carries == "state"  # the other layer as built
+
+
+@pytest.mark.parametrize("arch", ["attention", "mamba"])
+def test_restores_from_kept_clean_runs_equal_a_fresh_interchange(arch: str) -> None:
+    """The null's restores start from the clean runs the roles' restores made (engine's
+    ``runs``): the same bits as running the pair again, for the roles, the null's roles at a
+    subset of the sites and a recurrent state site; runs made for other sites are refused."""
+    from mecheval.interventions import clean_runs, interchange
+    from mecheval.interventions.null import measure_null
+
+    model, original, corrupted = ar_case(arch)
+    sites = ["layers.0.input", "layers.1.input", "layers.1.mixer.output"]
+    if arch == "mamba":
+        sites.append("layers.0.mixer.state")
+    runs = clean_runs(model, original, corrupted, sites)
+    kept = interchange(model, original, corrupted, sites=sites, runs=runs)
+    fresh = interchange(model, original, corrupted, sites=sites)
+    assert len(kept.per_example) == len(fresh.per_example) > 0
+    assert kept.table.equals(fresh.table) and kept.per_example.equals(fresh.per_example)
+    null_kept = measure_null(model, original, corrupted, sites[1:2], runs=runs)
+    null_fresh = measure_null(model, original, corrupted, sites[1:2])
+    assert null_kept is not None and null_fresh is not None
+    assert null_kept.per_example.equals(null_fresh.per_example)
+    with pytest.raises(ValueError, match="runs: made for sites"):
+        interchange(model, original, corrupted, sites=["final_norm.input"], runs=runs)

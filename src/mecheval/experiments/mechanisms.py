@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -28,9 +29,11 @@ import torch
 
 from mecheval.errors import ConfigError
 from mecheval.interventions import (
+    CleanRuns,
     InterchangeResult,
     MechanismLabel,
     attribution_patching,
+    clean_runs,
     grade,
     interchange,
     label_mechanism,
@@ -158,24 +161,41 @@ def measure(
     step: int,
     pair: tuple[Batch, Batch],
     method: str = "exact",
+    runs: CleanRuns | None = None,
 ) -> tuple[pd.DataFrame, InterchangeResult]:
     """The plan's interventions on ``model`` at training ``step``, on ``pair`` (original,
-    corrupted: :func:`eval_batch`), by the exact engine or estimated by ``method``."""
+    corrupted: :func:`eval_batch`), by the exact engine (from ``runs``, the pair's clean
+    runs, where :func:`exact_runs` made them) or estimated by ``method``."""
     original, corrupted = pair
     sites = list(plan.sites) if plan.sites else None
     roles = list(plan.roles) if plan.roles else None
-    was_training = model.training
-    model.eval()
-    try:
+    with _evaluating(model):
         if method == "exact":
-            result = interchange(model, original, corrupted, sites=sites, roles=roles)
+            result = interchange(model, original, corrupted, sites=sites, roles=roles, runs=runs)
         else:
             result = attribution_patching(
                 model, original, corrupted, sites, roles, method=method, steps=plan.steps
             )
+    return tidy_rows(result.table, plan.split, step), result
+
+
+def exact_runs(
+    model: LanguageModel, plan: InterventionPlan, pair: tuple[Batch, Batch]
+) -> CleanRuns:
+    """The clean runs of ``pair`` the plan's exact restores start from, kept for the null's."""
+    with _evaluating(model):
+        return clean_runs(model, *pair, list(plan.sites) if plan.sites else None)
+
+
+@contextmanager
+def _evaluating(model: LanguageModel) -> Iterator[None]:
+    """``model`` in eval mode inside, as it was after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
     finally:
         model.train(was_training)
-    return tidy_rows(result.table, plan.split, step), result
 
 
 @dataclass(frozen=True)
@@ -293,11 +313,12 @@ def intervene_run(
     not_done = unfinished(run_dir)
     pair = eval_batch(cfg.task, plan.split, plan.n_docs, cache_dir, plan.documents)
     started = time.perf_counter()
-    rows, result = measure(model, plan, step, pair)
+    runs = exact_runs(model, plan, pair)
+    rows, result = measure(model, plan, step, pair, runs=runs)
     seconds = time.perf_counter() - started
     candidates = pair[0].candidates
     read_label, where = _label_reader(cfg, model, candidates)
-    added, nulls = _null_and_intervals(model, pair, result, where, (plan.split, step))
+    added, nulls = _null_and_intervals(model, pair, result, where, (plan.split, step), runs)
     rows = pd.concat([rows, added], ignore_index=True)
     label = read_label(result.table, result.per_example, nulls)
     graded: tuple[Graded, ...] = ()
@@ -337,12 +358,15 @@ def _null_and_intervals(
     result: InterchangeResult,
     label_sites: Sequence[str],
     at: tuple[str, int],
+    runs: CleanRuns,
 ) -> tuple[pd.DataFrame, dict[str, Null] | None]:
-    """The null at the label sites ``result`` measured (interventions/null.py), and the rows
-    the restores add to the run's table (split and step ``at``): the null's restores, and
-    every restore's interval (the null's too)."""
+    """The null at the label sites ``result`` measured (interventions/null.py), from the
+    clean runs ``runs`` its restores started from, and the rows the restores add to the
+    run's table (split and step ``at``): the null's restores, and every restore's interval
+    (the null's too)."""
     measured = set(result.table.site)
-    null = measure_null(model, *pair, [site for site in label_sites if site in measured])
+    sites = [site for site in label_sites if site in measured]
+    null = measure_null(model, *pair, sites, runs=runs)
     examples = [result.per_example, *([] if null is None else [null.per_example])]
     added = [] if null is None else [null.table[null.table.condition == "restored"]]
     added.append(interval_table(pd.concat(examples)))

@@ -2,7 +2,7 @@
 estimates from gradients (attribution patching) graded against them."""
 
 from mecheval.interventions.attribution import METHODS, attribution_patching
-from mecheval.interventions.engine import interchange
+from mecheval.interventions.engine import CleanRuns, clean_runs, interchange
 from mecheval.interventions.grading import Grade, grade
 from mecheval.interventions.labels import (
     MechanismLabel,
@@ -19,11 +19,13 @@ from mecheval.interventions.result import InterchangeResult
 
 __all__ = [
     "METHODS",
+    "CleanRuns",
     "Grade",
     "InterchangeResult",
     "MechanismLabel",
     "Thresholds",
     "attribution_patching",
+    "clean_runs",
     "grade",
     "interchange",
     "label_mechanism",

@@ -217,6 +217,46 @@ def chunk_strategy(start: str, direct: bool, resume: bool) -> ChunkStrategy:
     return hook_whole_model
 
 
+@dataclass(frozen=True)
+class CleanRuns:
+    """What every restore of a pair starts from: the original run's sites to patch from (and
+    its block inputs where a state site needs them), the corrupted run's sites to patch and
+    restart from, both runs' scores and the corrupted run's prefix (None: ``resume=False``
+    without a state site). Kept, the restores of more roles at these sites (the null's,
+    interventions/null.py) start from them too, without running the pair again."""
+
+    sites: tuple[str, ...]
+    source: dict[str, torch.Tensor]
+    base: dict[str, torch.Tensor]
+    s_orig: torch.Tensor
+    s_corr: torch.Tensor
+    prefix: PrefixCache | None
+
+
+@torch.no_grad()
+def clean_runs(
+    model: LanguageModel,
+    original: Batch,
+    corrupted: Batch,
+    sites: Sequence[str] | None = None,
+    resume: bool = True,
+) -> CleanRuns:
+    """The pair's :class:`CleanRuns` for restores at ``sites`` (default: every module site)."""
+    sites, _, original, corrupted = prepare(model, original, corrupted, sites, [])
+    _check_state_sites(model, sites)
+    state_sites = set(state_site_names(model))
+    module_sites = [site for site in sites if site not in state_sites]
+    restarts = {site: _restart(model, site) for site in module_sites}
+    with_states = len(module_sites) < len(sites)
+    source, base, s_orig, s_corr = _clean_runs(
+        model, original, corrupted, module_sites, restarts, with_states
+    )
+    prefix = None
+    if resume or with_states:
+        prefix = prefix_cache(model, [base[site] for site in _block_inputs(model)])
+    return CleanRuns(tuple(sites), source, base, s_orig, s_corr, prefix)
+
+
 @torch.no_grad()
 def interchange(
     model: LanguageModel,
@@ -226,45 +266,43 @@ def interchange(
     roles: Sequence[str] | None = None,
     max_batch: int = 4096,
     resume: bool = True,
+    runs: CleanRuns | None = None,
 ) -> InterchangeResult:
     """Restore each (site, role) from ``original`` into ``corrupted``; see the module doc.
     ``resume=False`` recomputes whole sequences downstream of the patch (the engine before
-    prefix resumption; benchmarks/bench_interventions.py compares the two)."""
+    prefix resumption; benchmarks/bench_interventions.py compares the two). ``runs``: the
+    pair's :func:`clean_runs` made before, at these sites or more (with the same ``resume``)."""
     sites, roles, original, corrupted = prepare(model, original, corrupted, sites, roles)
-    _check_state_sites(model, sites)
+    if runs is None:
+        runs = clean_runs(model, original, corrupted, sites, resume)
+    elif missing := [site for site in sites if site not in runs.sites]:
+        raise ValueError(f"runs: made for sites {list(runs.sites)}, not {missing}")
     n = len(original)
     metrics = batch_metrics(original)
     state_sites = set(state_site_names(model))
-    module_sites = [site for site in sites if site not in state_sites]
-    restarts = {site: _restart(model, site) for site in module_sites}
-    with_states = len(module_sites) < len(sites)
-    source, base, s_orig, s_corr = _clean_runs(
-        model, original, corrupted, module_sites, restarts, with_states
-    )
-    rows = baseline_rows(s_orig, s_corr, metrics)
-    prefix = None
-    if resume or with_states:
-        prefix = prefix_cache(model, [base[site] for site in _block_inputs(model)])
+    rows = baseline_rows(runs.s_orig, runs.s_corr, metrics)
     chunk = _chunk_rows(model, max_batch)
     per_example = []
     positions = _row_positions(original, corrupted, roles)
-    batch = _Rows(positions, original, corrupted, s_corr, chunk)
+    batch = _Rows(positions, original, corrupted, runs.s_corr, chunk)
     restored: dict[str, torch.Tensor] = {}  # by the block boundary a site is read at
     for site in sites if roles else []:
         boundary = _boundary(model, site)
         if site in state_sites:
             layer = state_site_layer(site)
-            scores = _restore_states(model, layer, source, prefix, batch)
+            scores = _restore_states(model, layer, runs.source, runs.prefix, batch)
         elif boundary in restored:
             scores = restored[boundary]
         else:
-            start, first, direct = restarts[site]
+            start, first, direct = _restart(model, site)
             tail = not _in_last_block_tail(model, site)
-            sp = _SitePatch(model, site, base, prefix, corrupted.tokens, start, first, tail)
+            sp = _SitePatch(
+                model, site, runs.base, runs.prefix, corrupted.tokens, start, first, tail
+            )
             strategy = chunk_strategy(start, direct, resume)
-            scores = _restore_site(sp, strategy, source[site], batch)
+            scores = _restore_site(sp, strategy, runs.source[site], batch)
             restored[boundary] = scores
-        _collect(site, scores, metrics, roles, n, s_orig, s_corr, rows, per_example)
+        _collect(site, scores, metrics, roles, n, runs.s_orig, runs.s_corr, rows, per_example)
     return assemble(rows, per_example)
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import pandas as pd
 import torch
 
-from mecheval.interventions.engine import interchange
+from mecheval.interventions.engine import CleanRuns, interchange
 from mecheval.interventions.intervals import BOOTSTRAP, Bootstrap, restore_intervals
 from mecheval.interventions.result import InterchangeResult
 from mecheval.models.backbone import LanguageModel
@@ -86,13 +86,15 @@ def measure_null(
     sites: Sequence[str],
     draws: int = NULL_DRAWS,
     seed: int = NULL_SEED,
+    runs: CleanRuns | None = None,
 ) -> InterchangeResult | None:
-    """The null roles' restores at ``sites``, by the engine every role is measured with;
-    None where a document has no position that plays no role (nothing to draw from)."""
+    """The null roles' restores at ``sites``, by the engine every role is measured with
+    (from ``runs``, the pair's clean runs where the roles' restores made them); None where a
+    document has no position that plays no role (nothing to draw from)."""
     if not sites or not free_positions(original).any(dim=1).all():
         return None
     original, corrupted, names = with_null_roles(original, corrupted, draws, seed)
-    return interchange(model, original, corrupted, sites=sites, roles=names)
+    return interchange(model, original, corrupted, sites=sites, roles=names, runs=runs)
 
 
 @dataclass(frozen=True)

@@ -150,10 +150,11 @@ def scan_with_states(
     it (and over a decay computed for every step beforehand) then come from memory. Every
     operation is elementwise or a sum over N within a row, so the blocks give the same bits
     (tests/test_selective_scan.py)."""
-    if not keep and u.device.type == "cpu":
+    if not keep:
+        cpu = u.device.type == "cpu"
+        stepwise = cpu and A.numel() % WHOLE_VECTORS == 0
         y = u.new_empty(u.shape)
-        stepwise = A.numel() % WHOLE_VECTORS == 0
-        for rows in _row_blocks(u, A):
+        for rows in _row_blocks(u, A) if cpu else [slice(None)]:
             first = None if initial is None else initial[rows]
             y[:, rows] = _scan_rows(
                 u[:, rows],
@@ -177,11 +178,8 @@ def scan_with_states(
     states, ys = [h], [(h * C[0].unsqueeze(-2)).sum(-1)]
     for t in range(1, u.shape[0]):
         h = torch.addcmul(u[t].unsqueeze(-1) * B[t].unsqueeze(-2), decay[t], h)
-        if keep:
-            states.append(h)
+        states.append(h)
         ys.append((h * C[t].unsqueeze(-2)).sum(-1))
-    if not keep:
-        return (torch.stack(ys),)
     return torch.stack(ys), torch.stack(states), decay
 
 

@@ -150,11 +150,10 @@ def scan_with_states(
     it (and over a decay computed for every step beforehand) then come from memory. Every
     operation is elementwise or a sum over N within a row, so the blocks give the same bits
     (tests/test_selective_scan.py)."""
-    if not keep:
-        cpu = u.device.type == "cpu"
-        stepwise = cpu and A.numel() % WHOLE_VECTORS == 0
+    if not keep and u.device.type == "cpu":
         y = u.new_empty(u.shape)
-        for rows in _row_blocks(u, A) if cpu else [slice(None)]:
+        stepwise = A.numel() % WHOLE_VECTORS == 0
+        for rows in _row_blocks(u, A):
             first = None if initial is None else initial[rows]
             y[:, rows] = _scan_rows(
                 u[:, rows],
@@ -178,8 +177,11 @@ def scan_with_states(
     states, ys = [h], [(h * C[0].unsqueeze(-2)).sum(-1)]
     for t in range(1, u.shape[0]):
         h = torch.addcmul(u[t].unsqueeze(-1) * B[t].unsqueeze(-2), decay[t], h)
-        states.append(h)
+        if keep:
+            states.append(h)
         ys.append((h * C[t].unsqueeze(-2)).sum(-1))
+    if not keep:
+        return (torch.stack(ys),)
     return torch.stack(ys), torch.stack(states), decay
 
 

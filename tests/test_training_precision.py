@@ -196,6 +196,78 @@ def test_bf16_group_trains_as_a_stack_close_to_single_runs(tmp_path: Path, data)
         assert not g.equals(f)
 
 
+# ---------------------------------------------------------------------------- bf16-model
+
+
+def bf16_valued(tensor: torch.Tensor) -> bool:
+    """Whether every number of ``tensor`` is exactly a bfloat16 value."""
+    return torch.equal(tensor, tensor.to(torch.bfloat16).to(tensor.dtype))
+
+
+def test_bf16_model_stores_bfloat16_values_of_weights_gradients_and_moments(
+    tmp_path: Path, data
+) -> None:
+    fp32 = Trainer(resolve(config("mamba")), data, tmp_path / "fp32")
+    trainer = Trainer(resolve(config("mamba", precision="bf16-model")), data, tmp_path / "m")
+    # The float32 init is not bfloat16-valued, so these checks can fail; the cast one is, and
+    # it is the float32 init rounded (a model cast to bfloat16 after its init).
+    assert not all(bf16_valued(p) for p in fp32.model.parameters())
+    for p, q in zip(trainer.model.parameters(), fp32.model.parameters(), strict=True):
+        assert p.dtype == torch.float32
+        torch.testing.assert_close(p, q.to(torch.bfloat16).float(), rtol=0, atol=0)
+    assert all(bf16_valued(b) for b in trainer.model.buffers() if b.is_floating_point())
+    calls = record_forwards(trainer.model)
+    for step in range(2):
+        trainer.train_step(trainer.batch_at(step))
+        trainer.step += 1
+    assert [c[1:] for c in calls] == [(True, torch.bfloat16)] * 2  # under bf16 autocast
+    grads = [p.grad for p in trainer.model.parameters()]
+    moments = [t for s in trainer.optimizer.state.values() for k, t in s.items() if k != "step"]
+    assert len(moments) == 2 * len(grads)
+    for tensor in [*trainer.model.parameters(), *grads, *moments]:
+        assert tensor.dtype == torch.float32 and bf16_valued(tensor)
+
+
+def test_bf16_model_loses_an_update_below_half_a_bfloat16_step(tmp_path: Path, data) -> None:
+    # AdamW moves each weight by about the LR: 1e-7 is below half a bfloat16 step of every
+    # weight with |w| > 1e-4, so a bfloat16 model does not move those; float32 weights do.
+    # (A weight at 0, a bias, moves in both: bfloat16 holds 1e-7 itself.)
+    moved = {}
+    for p in ("bf16", "bf16-model"):
+        cfg = resolve(config(precision=p, lr=1e-7, warmup_fraction=0.0))
+        trainer = Trainer(cfg, data, tmp_path / p)
+        large = [q for q in trainer.model.parameters() if q.abs().min() > 1e-4]
+        before = [q.detach().clone() for q in large]
+        trainer.train_step(trainer.batch_at(0))
+        moved[p] = [not torch.equal(a, b) for a, b in zip(large, before, strict=True)]
+    assert moved["bf16"] and all(moved["bf16"])
+    assert len(moved["bf16-model"]) == len(moved["bf16"]) and not any(moved["bf16-model"])
+
+
+def test_bf16_model_stack_rounds_as_single_runs_do(tmp_path: Path, data) -> None:
+    cfgs = [
+        config("mamba", precision="bf16-model", seed=0),
+        config("mamba", precision="bf16-model", seed=1, lr=1e-2),
+    ]
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        group = train_group(cfgs, [tmp_path / f"g{i}" for i in range(2)], datasets=data)
+    assert not [w for w in record if "cannot be vmapped" in str(w.message)]
+    assert [s["state"] for s in group] == ["done", "done"]
+    for i, cfg in enumerate(cfgs):
+        train(cfg, tmp_path / f"s{i}", datasets=data)
+        g, s = (metric(tmp_path / f"{kind}{i}", "train", "running_loss") for kind in "gs")
+        torch.testing.assert_close(
+            torch.tensor(g.values), torch.tensor(s.values), rtol=0, atol=5e-3
+        )
+        for kind in "gs":
+            saved = weights(tmp_path / f"{kind}{i}")
+            assert all(w.dtype == torch.float32 and bf16_valued(w) for w in saved.values())
+    # A stack holds one precision: bf16 and bf16-model runs do not share one.
+    mixed = [config(seed=0, precision="bf16"), config(seed=1, precision="bf16-model")]
+    assert groupable(mixed) == [[0], [1]]
+
+
 # ---------------------------------------------------------------------------- tf32
 
 

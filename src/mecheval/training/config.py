@@ -27,7 +27,7 @@ from mecheval.models.registry import ARCHITECTURES
 from mecheval.tasks import TASKS, TaskConfig, get_task
 
 #: ``training.precision``: the training step's arithmetic (training/precision.py applies it).
-Precision = Literal["fp32", "tf32", "bf16"]
+Precision = Literal["fp32", "tf32", "bf16", "bf16-model"]
 
 #: A run folder's name: one path component inside ``--out`` (and not "." or "..").
 # "~" (a parallel layer in a hybrid's name) not first, where a shell would read a home folder
@@ -94,7 +94,9 @@ class TrainConfig(BaseModel):
         description=(
             "training-step arithmetic: fp32; tf32 (CUDA matmuls and convolutions in TF32, a "
             "no-op elsewhere); bf16 (forward and loss under bfloat16 autocast, float32 "
-            "weights and optimizer). Evaluation is always float32. Part of the run's identity: "
+            "weights and optimizer); bf16-model (a bfloat16 model, as the paper's later code "
+            "casts one: bf16 autocast, and weights, gradients and AdamW moments rounded to "
+            "bfloat16 at every step). Evaluation is always float32. Part of the run's identity: "
             "it changes results"
         ),
     )

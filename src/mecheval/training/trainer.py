@@ -39,7 +39,13 @@ from mecheval.training.metrics import (
     evaluate_batches,
     multi_answer_loss,
 )
-from mecheval.training.precision import autocast, tf32
+from mecheval.training.precision import (
+    autocast,
+    optimizer_moments,
+    round_to_bf16,
+    stores_bf16,
+    tf32,
+)
 from mecheval.training.reporter import NullReporter, Reporter
 from mecheval.training.schedule import make_scheduler
 from mecheval.training.trackers import Trackers, scalars
@@ -144,6 +150,8 @@ class Trainer:
         # Partial batches are dropped so that every step sees batch_size documents.
         self.per_epoch = len(self.train_set) // self.t.batch_size
         self.model = init_model(cfg).to(self.device)
+        if stores_bf16(self.t.precision):  # as a model cast to bfloat16 after its init
+            round_to_bf16([*self.model.parameters(), *self.model.buffers()])
         # The training forward may go through a compiled wrapper; it shares the model's
         # parameters, and everything else (evaluation, callbacks, checkpoints, the saved
         # state dict) uses the plain module, whose keys and eager semantics never change.
@@ -252,9 +260,14 @@ class Trainer:
                 raise stop
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
+        stored = stores_bf16(self.t.precision)
+        if stored:
+            round_to_bf16(p.grad for p in self.model.parameters())
         if self.t.grad_clip is not None:
             nn.utils.clip_grad_norm_(self.model.parameters(), self.t.grad_clip)
         self.optimizer.step()
+        if stored:
+            round_to_bf16([*self.model.parameters(), *optimizer_moments(self.optimizer)])
         self.scheduler.step()
         return value
 

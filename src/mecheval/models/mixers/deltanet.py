@@ -21,10 +21,11 @@ convolutions have kernel size 4. The output projection keeps fla's name ``o_proj
 init (zoology's ``_init_weights``) rescales only ``out_proj``/``fc2`` by 1/sqrt(2 n_layers), so
 ``o_proj`` stays at N(0, init_std), as in the paper's models.
 
-Heads: the paper names fla's DeltaNet but not its arguments (its Table 1 has no DeltaNet, and
-no commit of tinylang's public repository has a DeltaNet entry). ``num_heads`` defaults to 1, as
-tinylang passes ``num_heads: n_head`` to every other mixer with heads (attention, Based) and
-every released config sets ``n_head: 1``; ``num_heads: 4`` gives fla's own default.
+Heads: the paper names fla's DeltaNet but not its arguments (its Table 1 has no DeltaNet). A
+later version of tinylang's ``tinylang/model/zoology.py`` builds it as
+``fla.layers.DeltaNet(num_heads=n_head, conv_bias=bias, hidden_size=n_embd)``, and every
+released config sets ``n_head: 1`` and ``bias: false``: ``num_heads`` defaults to 1 here, and
+``num_heads: 4`` gives fla's own default.
 
 The forward pass uses the chunked parallel form (:func:`delta_rule_chunked`, in
 models/ops/delta_rule.py); the step-by-step :func:`delta_rule_recurrent` computes the same

@@ -21,7 +21,14 @@ from mecheval.tasks.batch import ANSWER_POSITIONS, ANSWERS
 from mecheval.training.checkpoint import save_checkpoint
 from mecheval.training.config import RunConfig, warmup_steps
 from mecheval.training.metrics import answer_loss, multi_answer_loss
-from mecheval.training.precision import autocast, rounding_eps, tf32
+from mecheval.training.precision import (
+    BF16_AUTOCAST,
+    autocast,
+    round_to_bf16,
+    rounding_eps,
+    stores_bf16,
+    tf32,
+)
 from mecheval.training.reporter import NullReporter, Reporter
 from mecheval.training.schedule import lr_factor
 from mecheval.training.stacking.captured import CapturedStep, graphs_enabled
@@ -96,7 +103,7 @@ class GroupTrainer:
             graphs_enabled(self.device)
             and self.feed is not None
             and self.feed.fixed_width
-            and self.t.precision != "bf16"
+            and self.t.precision not in BF16_AUTOCAST
         )
         self._width = 0
         self._gradient_functions()
@@ -310,9 +317,15 @@ class GroupTrainer:
         """Everything of a step after the gradients, on the device: watch the losses, clip,
         AdamW at the step's factors, count the step."""
         self.watch.add(losses, self.count)
+        stored = stores_bf16(self.t.precision)  # as Trainer.train_step rounds them
+        if stored:
+            round_to_bf16(grads.values())
         self.clip(grads)
         factor, bias1, bias2_sqrt = self.tables.at(self.count)
         self.optimizer.step(self.params, grads, self.base_lr * factor, bias1, bias2_sqrt)
+        if stored:
+            moments = [*self.optimizer.exp_avg.values(), *self.optimizer.exp_avg_sq.values()]
+            round_to_bf16([*self.params.values(), *moments])
         self.count.add_(1)
 
     def _device_step(self) -> None:

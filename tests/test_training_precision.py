@@ -56,6 +56,11 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(run_dir / "model.safetensors")
 
 
+def bf16_valued(tensor: torch.Tensor) -> bool:
+    """Whether every number of ``tensor`` is exactly a bfloat16 value."""
+    return torch.equal(tensor, tensor.to(torch.bfloat16).to(tensor.dtype))
+
+
 def metric(run_dir: Path, split: str, name: str) -> pd.Series:
     frame = pd.read_csv(run_dir / "metrics.csv")
     rows = frame[(frame["split"] == split) & (frame["metric"] == name)]
@@ -87,6 +92,8 @@ def test_precision_is_part_of_a_runs_identity_compile_is_not(tmp_path: Path, dat
     # A stack holds one precision: it is not a per-run field.
     cfgs = [config(seed=0), config(seed=1, precision="bf16"), config(seed=2)]
     assert groupable(cfgs) == [[0, 2], [1]]
+    mixed = [config(seed=0, precision="bf16"), config(seed=1, precision="bf16-model")]
+    assert groupable(mixed) == [[0], [1]]
 
 
 # ---------------------------------------------------------------------------- bf16
@@ -170,10 +177,13 @@ def test_bf16_step_runs_for_every_architecture(tmp_path: Path, data, arch: str) 
     assert losses["bf16"] == pytest.approx(losses["fp32"], abs=5e-3)
 
 
-def test_bf16_group_trains_as_a_stack_close_to_single_runs(tmp_path: Path, data) -> None:
+@pytest.mark.parametrize("precision", ["bf16", "bf16-model"])
+def test_bf16_group_trains_as_a_stack_close_to_single_runs(
+    tmp_path: Path, data, precision: str
+) -> None:
     cfgs = [
-        config("mamba", precision="bf16", seed=0),
-        config("mamba", precision="bf16", seed=1, lr=1e-2),
+        config("mamba", precision=precision, seed=0),
+        config("mamba", precision=precision, seed=1, lr=1e-2),
     ]
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
@@ -188,6 +198,10 @@ def test_bf16_group_trains_as_a_stack_close_to_single_runs(tmp_path: Path, data)
         torch.testing.assert_close(
             torch.tensor(g.values), torch.tensor(s.values), rtol=0, atol=5e-3
         )
+        if precision == "bf16-model":  # the stack rounds what it stores as a single run does
+            for kind in "gs":
+                saved = weights(tmp_path / f"{kind}{i}").values()
+                assert all(w.dtype == torch.float32 and bf16_valued(w) for w in saved)
     # And the stack did train in bf16: its fp32 twin's losses differ.
     fp32 = [config("mamba", seed=0), config("mamba", seed=1, lr=1e-2)]
     train_group(fp32, [tmp_path / f"f{i}" for i in range(2)], datasets=data)
@@ -197,11 +211,6 @@ def test_bf16_group_trains_as_a_stack_close_to_single_runs(tmp_path: Path, data)
 
 
 # ---------------------------------------------------------------------------- bf16-model
-
-
-def bf16_valued(tensor: torch.Tensor) -> bool:
-    """Whether every number of ``tensor`` is exactly a bfloat16 value."""
-    return torch.equal(tensor, tensor.to(torch.bfloat16).to(tensor.dtype))
 
 
 def test_bf16_model_stores_bfloat16_values_of_weights_gradients_and_moments(
@@ -242,30 +251,6 @@ def test_bf16_model_loses_an_update_below_half_a_bfloat16_step(tmp_path: Path, d
         moved[p] = [not torch.equal(a, b) for a, b in zip(large, before, strict=True)]
     assert moved["bf16"] and all(moved["bf16"])
     assert len(moved["bf16-model"]) == len(moved["bf16"]) and not any(moved["bf16-model"])
-
-
-def test_bf16_model_stack_rounds_as_single_runs_do(tmp_path: Path, data) -> None:
-    cfgs = [
-        config("mamba", precision="bf16-model", seed=0),
-        config("mamba", precision="bf16-model", seed=1, lr=1e-2),
-    ]
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
-        group = train_group(cfgs, [tmp_path / f"g{i}" for i in range(2)], datasets=data)
-    assert not [w for w in record if "cannot be vmapped" in str(w.message)]
-    assert [s["state"] for s in group] == ["done", "done"]
-    for i, cfg in enumerate(cfgs):
-        train(cfg, tmp_path / f"s{i}", datasets=data)
-        g, s = (metric(tmp_path / f"{kind}{i}", "train", "running_loss") for kind in "gs")
-        torch.testing.assert_close(
-            torch.tensor(g.values), torch.tensor(s.values), rtol=0, atol=5e-3
-        )
-        for kind in "gs":
-            saved = weights(tmp_path / f"{kind}{i}")
-            assert all(w.dtype == torch.float32 and bf16_valued(w) for w in saved.values())
-    # A stack holds one precision: bf16 and bf16-model runs do not share one.
-    mixed = [config(seed=0, precision="bf16"), config(seed=1, precision="bf16-model")]
-    assert groupable(mixed) == [[0], [1]]
 
 
 # ---------------------------------------------------------------------------- tf32

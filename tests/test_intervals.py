@@ -21,6 +21,8 @@ from mecheval.interventions.intervals import (
     restore_intervals,
 )
 from mecheval.interventions.labels import label_mechanism
+from mecheval.interventions.null import Null
+from mecheval.tasks.readings import STATE_TRACKING
 from mecheval.training import train
 
 SITE = "layers.1.input"
@@ -129,7 +131,7 @@ def test_a_label_whose_deciding_fraction_straddles_the_threshold_is_fragile() ->
     assert label.label == "direct retrieval, layer 0"
     low, high = label.intervals["query"]
     assert low < 0.5 < high
-    expected = f"query {100 * label.recovered['query']:.0f} % [{100 * low:.0f}, {100 * high:.0f}]"
+    expected = cited(label, "query")
     assert label.fragile == expected
     assert label.headline == f"direct retrieval, layer 0 (fragile: {expected})"
     assert str(label).startswith(label.headline + " (at layers.1.input")
@@ -140,6 +142,50 @@ def test_a_label_whose_deciding_fraction_straddles_the_threshold_is_fragile() ->
     assert label.fragile is not None and label.fragile.startswith("value ")
     # Without the documents: the point reading alone, as before.
     assert label_mechanism(table_of(below), n_layers=2).intervals == {}
+
+
+def cited(label, role: str) -> str:
+    """A fraction as a fragile label cites it: ``query 52 % [44, 60]``."""
+    low, high = label.intervals[role]
+    return f"{role} {100 * label.recovered[role]:.0f} % [{100 * low:.0f}, {100 * high:.0f}]"
+
+
+def test_a_label_whose_answer_comes_back_through_two_roles_is_fragile() -> None:
+    """A second role that brings back a share of the answer (its interval at or above
+    ``min_rival``, 10 %) makes the label fragile, however clear the deciding role: which of
+    the two passes the bar turns with the model's small changes."""
+    split = per_example({"key": 0.25, "value": 0.0, "query": 0.7})
+    label = label_mechanism(table_of(split), n_layers=2, per_example=split)
+    assert label.label == "direct retrieval, layer 0" and label.intervals["query"][0] > 0.5
+    assert label.rivals == ("key",) and label.intervals["key"][0] >= 0.1
+    assert label.fragile == f"{cited(label, 'query')}, {cited(label, 'key')}"
+    # Below 10 % the other role is not a rival; a role at zero never is.
+    alone = per_example({"key": 0.04, "value": 0.0, "query": 0.7})
+    label = label_mechanism(table_of(alone), n_layers=2, per_example=alone)
+    assert label.rivals == () and label.fragile is None
+    # Without the documents no interval says how sure a share is: no rivals.
+    assert label_mechanism(table_of(split), n_layers=2).rivals == ()
+
+    # unclear, split between two roles that bring back together what one would need...
+    shared = per_example({"key": 0.25, "value": 0.0, "query": 0.38}, noise=0.1)
+    label = label_mechanism(table_of(shared), n_layers=2, per_example=shared)
+    assert label.label == "unclear" and label.intervals["query"][1] < 0.5
+    assert (
+        label.rivals == ("key",)
+        and label.fragile == f"{cited(label, 'query')}, {cited(label, 'key')}"
+    )
+    # ... is fragile; two small shares that cannot make a label together are not.
+    small = per_example({"key": 0.15, "value": 0.0, "query": 0.2}, noise=0.1)
+    label = label_mechanism(table_of(small), n_layers=2, per_example=small)
+    assert label.label == "unclear" and label.rivals == ("key",) and label.fragile is None
+
+    # A rival counts only above the null's upper bound.
+    high_null = {SITE: Null(likelihood=0.3, recovered=0.2, high=0.35)}
+    label = label_mechanism(table_of(split), n_layers=2, per_example=split, nulls=high_null)
+    assert label.label == "direct retrieval, layer 0" and label.rivals == ()
+    # Where the first role reached names the label (state tracking), no role is a rival.
+    label = label_mechanism(table_of(split), n_layers=2, per_example=split, readings=STATE_TRACKING)
+    assert label.role == "query" and label.rivals == () and label.fragile is None
 
 
 def test_the_seed_agreement_counts_fragile_labels_apart() -> None:

@@ -93,6 +93,9 @@ class Thresholds:
     min_original: float = 0.2
     min_gap: float = 0.05
     min_fraction: float = 0.5
+    #: a second role whose fraction's interval lies at or above this (and above the null)
+    #: shares the answer with the label's role: the label is fragile (``MechanismLabel.rivals``)
+    min_rival: float = 0.1
     min_in_context_accuracy: float = CANDIDATES_MIN_IN_CONTEXT_ACCURACY
     chance_tolerance: float = CHANCE_TOLERANCE
 
@@ -123,6 +126,12 @@ class MechanismLabel:
     #: of a hybrid read as retrieval: the layer that brings the answer to the query
     #: (interventions/carriers.py), which the label then names. None: not read
     carrier: Carrier | None = None
+    #: the other roles at the label site that bring back a share of the answer too (their
+    #: interval at or above ``min_rival`` and the null), largest first: where the answer
+    #: comes back through two roles, which one passes the bar turns with small changes to
+    #: the model (another machine's rounding, another seed). Read where the role that
+    #: recovers most names the label (retrieval), not where the first role reached does
+    rivals: tuple[str, ...] = ()
 
     @property
     def bar(self) -> float:
@@ -133,19 +142,33 @@ class MechanismLabel:
 
     @property
     def fragile(self) -> str | None:
-        """Where the fraction that decides the label has an interval across its threshold
-        (:attr:`bar`), that fraction in words (``query 52 % [44, 60]``): the same
-        measurement on other documents could read another label. None where it does not (or
-        no interval was measured)."""
-        threshold = self.bar
-        if self.role is not None and self.role in self.intervals:
-            if self.intervals[self.role][0] < threshold:
-                return self._cite(self.role)
-        elif self.label == "unclear":
-            near = [k for k, (_, high) in self.intervals.items() if high >= threshold]
-            if near:
-                return self._cite(max(near, key=self.recovered.__getitem__))
+        """Where the label could read otherwise, the fractions that say so in words, the
+        label's role first (``query 52 % [44, 60]``, ``query 66 % [60, 72], key 17 % [13,
+        21]``); None where it could not (or no interval was measured). A label is fragile
+        where its deciding fraction's interval crosses its threshold (:attr:`bar`; an
+        ``unclear``: where a role's interval reaches it), or where :attr:`rivals` share the
+        answer (an ``unclear``: where they bring back together what the bar asks of one)."""
+        lead = self.lead
+        if lead is None:
+            return None
+        low, high = self.intervals[lead]
+        crosses = low < self.bar if self.role is not None else high >= self.bar
+        shared = sum(self.recovered[k] for k in (lead, *self.rivals)) >= self.bar
+        if crosses or (self.rivals and shared):
+            return ", ".join(self._cite(k) for k in (lead, *self.rivals))
         return None
+
+    @property
+    def lead(self) -> str | None:
+        """The fraction a fragile label cites first: the deciding role's, or of an
+        ``unclear`` the role that recovers most (among those whose interval reaches the bar,
+        where any does); None where there is none with an interval."""
+        if self.role is not None:
+            return self.role if self.role in self.intervals else None
+        if self.label != "unclear" or not self.intervals:
+            return None
+        near = [k for k, (_, high) in self.intervals.items() if high >= self.bar]
+        return max(near or self.intervals, key=self.recovered.__getitem__)
 
     def _cite(self, key: str) -> str:
         low, high = self.intervals[key]
@@ -323,6 +346,7 @@ def label_mechanism(
         intervals=intervals,
         null=null,
     )
+    read = _with_rivals(read, readings)
     read = _naming_the_carrier(read, likelihood, layer_names, readings)
     return _adding_the_state(read, readings, state_sites, names, thresholds)
 
@@ -337,6 +361,27 @@ def _sites_to_read(
         roles = "/".join(readings.at_label_site)
         raise ValueError(f"label: the table has no restores at {where} ({roles})")
     return sites
+
+
+def _with_rivals(read: MechanismLabel, readings: Readings) -> MechanismLabel:
+    """The label with its :attr:`~MechanismLabel.rivals`: the label site's other roles whose
+    fraction's interval lies at or above ``min_rival`` and above the null's upper bound. None
+    are read where the first role reached names the label (``readings.first_reached``: there
+    a state and the element it carries recover together by design)."""
+    lead = read.lead
+    if readings.first_reached or lead is None:
+        return read
+    floor = -math.inf if read.null is None else read.null.high
+    rivals = [
+        role
+        for role in readings.at_label_site
+        if role != lead
+        and role in read.intervals
+        and read.intervals[role][0] >= read.thresholds.min_rival
+        and read.intervals[role][0] > floor
+    ]
+    rivals.sort(key=read.recovered.__getitem__, reverse=True)
+    return replace(read, rivals=tuple(rivals))
 
 
 def _adding_the_state(

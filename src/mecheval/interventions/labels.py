@@ -346,8 +346,7 @@ def label_mechanism(
         intervals=intervals,
         null=null,
     )
-    read = _with_rivals(read, readings)
-    read = _naming_the_carrier(read, likelihood, layer_names, readings)
+    read = _naming_the_carrier(_with_rivals(read, readings), likelihood, layer_names, readings)
     return _adding_the_state(read, readings, state_sites, names, thresholds)
 
 

@@ -21,7 +21,12 @@ Workers = Annotated[
 Backend = Annotated[str, typer.Option(help="local | ray")]
 Address = Annotated[str | None, typer.Option(help="Ray cluster address (default: start one)")]
 Out = Annotated[Path, typer.Option(help="folder that holds experiment folders")]
-RetryFailed = Annotated[bool, typer.Option("--retry-failed", help="rerun failed runs")]
+RetryFailed = Annotated[
+    bool,
+    typer.Option(
+        "--retry-failed", help="train diverged runs again (a crashed run resumes on any rerun)"
+    ),
+]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="no progress display")]
 Documents = Annotated[
     str,

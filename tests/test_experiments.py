@@ -126,6 +126,25 @@ def test_each_source_of_a_value_wins_over_the_ones_before_it() -> None:
     assert with_overrides(spec, {"training.threads": 1}).name == "order"
 
 
+def test_unnamed_values_leave_a_run_named_as_without_the_axis() -> None:
+    spec = SweepSpec(
+        name="seeds",
+        base={"preset": "tiny", "task": "ar"},
+        grid={"model.architecture": ["mamba"], "training.seed": [0, 1]},
+        unnamed={"training.seed": 0},
+    )
+    assert [run.name for run in expand(spec)] == ["mamba", "mamba-s1"]
+    assert [run.cfg.training.seed for run in plan_runs(spec)] == [0, 1]
+    # Only a value of the same type is left out: an unnamed True is not the seed 1.
+    as_bool = spec.model_copy(update={"unnamed": {"training.seed": True}})
+    assert [run.name for run in expand(as_bool)] == ["mamba-s0", "mamba-s1"]
+    lone = spec.model_copy(update={"grid": {"training.seed": [0]}})
+    assert [run.name for run in expand(lone)] == ["seeds"]  # no name part left: the sweep's
+    stray = spec.model_copy(update={"unnamed": {"training.lr": 1e-3}})
+    with pytest.raises(ConfigError, match=r"^sweep.unnamed.training.lr: no grid of this sweep"):
+        expand(stray)
+
+
 def test_a_further_grid_joins_the_sweep_with_its_own_values() -> None:
     """``also``: its runs follow the sweep's own, each grid's ``set`` over the sweep's, the
     command line's values over both; a field any grid varies cannot be set; a subset cuts

@@ -80,11 +80,16 @@ def test_an_axis_the_preset_does_not_sweep_accepts_its_one_value_only() -> None:
 
 
 def test_more_seeds_add_a_seed_axis() -> None:
-    # ... and more seeds add the axis, so each configuration trains once per seed.
+    # ... and more seeds add the axis, so each configuration trains once per seed; the runs'
+    # own seed keeps the name it has without the axis, the other seeds carry theirs.
     _, spec = reproduce_spec("ar", "paper", "attention", widths="64", lrs="1e-3", seeds="0,1")
     assert spec.grid["training.seed"] == [0, 1]
     names = [run.name for run in expand(spec)]
-    assert names == ["attention-d64-lr1e-3-s0", "attention-d64-lr1e-3-s1"]
+    assert names == ["attention-d64-lr1e-3", "attention-d64-lr1e-3-s1"]
+    alone = reproduce_spec("ar", "paper", "attention", widths="64", lrs="1e-3")[1]
+    assert [run.name for run in expand(alone)] == names[:1]
+    _, other = reproduce_spec("ar", "paper", "attention", widths="64", lrs="1e-3", seeds="1,2")
+    assert [run.name for run in expand(other)] == [names[1], "attention-d64-lr1e-3-s2"]
 
 
 BAD = [
@@ -154,6 +159,30 @@ def test_a_tiny_slice_runs_end_to_end_and_a_full_run_resumes_it(tmp_path) -> Non
     )
     assert again.exit_code == 0, again.output
     assert "ar-tiny: 1 done (1 already)" in again.output
+    # More seeds find that run too: only the new seed trains, and each seed counts once.
+    weights = (out / "ar-tiny" / "attention" / "model.safetensors").read_bytes()
+    seeds = invoke(
+        "reproduce",
+        "ar",
+        "--preset",
+        "tiny",
+        "--archs",
+        "attention",
+        "--seeds",
+        "0,1",
+        "-q",
+        "--out",
+        str(out),
+    )
+    assert seeds.exit_code == 0, seeds.output
+    assert "ar-tiny: 2 done (1 already)" in seeds.output
+    assert sorted(p.name for p in (out / "ar-tiny").iterdir()) == [
+        "attention",
+        "attention-s1",
+        "report",
+    ]
+    assert (out / "ar-tiny" / "attention" / "model.safetensors").read_bytes() == weights
+    assert "s0: " in seeds.output and seeds.output.count("s0: ") == 1
 
 
 def test_labels_over_seeds_count_their_agreement() -> None:

@@ -22,7 +22,8 @@ With a preset base, the grid may also vary ``task`` (task kinds): each run then 
 that task's preset (``task: [ar, mqar]``; the task-by-architecture matrix does this).
 
 Each point of the product becomes one run with a readable, stable name built from the grid
-values in spec order, e.g. ``mamba-d64-lr1e-3-s0``; the runs of ``also``'s grids follow, each
+values in spec order, e.g. ``mamba-d64-lr1e-3-s0`` (but for the values ``unnamed`` leaves
+out); the runs of ``also``'s grids follow, each
 grid's ``set`` over the sweep's (runs of models too unlike to share one product, in one
 folder and one report). The user's documentation of the format:
 docs/sweeps.md, with configs/sweep-example.yaml.
@@ -95,6 +96,9 @@ class SweepSpec(BaseModel):
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     per_architecture: dict[str, dict[str, Any]] = Field(default_factory=dict)
     also: list[GridPart] = Field(default_factory=list)
+    #: grid values a run's name leaves out, so that adding an axis keeps the names of the
+    #: runs that train as before (``reproduce --seeds 0,1``: seed 0 keeps its name)
+    unnamed: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("grid")
     @classmethod
@@ -154,9 +158,21 @@ def name_part(key: str, value: Any) -> str:
     return f"{prefix}{text}"
 
 
+def _unnamed(spec: SweepSpec, key: str, value: Any) -> bool:
+    """Whether run names leave out this value of axis ``key`` (of its type too: ``True`` is
+    not ``1``)."""
+    if key not in spec.unnamed:
+        return False
+    left_out = spec.unnamed[key]
+    return type(left_out) is type(value) and left_out == value
+
+
 def expand(spec: SweepSpec) -> list[RunSpec]:
     """The points of the sweep's grids in order, each named from its values; what each run's
     config is made of is merged in experiments/plan.py."""
+    for key in spec.unnamed:
+        if not spec.varies(key):
+            raise ConfigError(f"sweep.unnamed.{key}: no grid of this sweep varies it")
     runs: list[RunSpec] = []
     seen: set[str] = set()
     architectures: set[str] = set()
@@ -169,7 +185,8 @@ def expand(spec: SweepSpec) -> list[RunSpec]:
             point = dict(zip(keys, values, strict=True))
             arch = point.get("model.architecture", fixed)
             architectures.add(str(arch))
-            name = "-".join(name_part(k, v) for k, v in point.items()) or spec.name
+            named = {k: v for k, v in point.items() if not _unnamed(spec, k, v)}
+            name = "-".join(name_part(k, v) for k, v in named.items()) or spec.name
             if name in seen:
                 raise ConfigError(f"grid: two runs would both be named {name!r}")
             seen.add(name)

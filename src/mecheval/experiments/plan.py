@@ -162,8 +162,10 @@ def restrict(spec: SweepSpec, experiment: str, subset: Mapping[str, list[Any]]) 
     one value every run uses and leaves the grid alone; where the runs use several
     (``quick``'s per-architecture LR), the flag is an error. Seeds are not an axis of the
     paper's grid (one seed per configuration): ``--seeds`` other than the runs' own seed adds
-    the axis, and every run then carries its seed in its name (``-s1``)."""
+    the axis, and a run of another seed carries it in its name (``-s1``); the runs' own seed
+    keeps the name it has without the axis, so a run trained before is found again."""
     grids = [dict(part.grid) for part in spec.parts()]
+    unnamed = dict(spec.unnamed)
     planned: list[ResolvedRun] | None = None  # and the grid of each: planned once, if asked
     grids_of: list[int] = []
     for flag, values in subset.items():
@@ -190,6 +192,8 @@ def restrict(spec: SweepSpec, experiment: str, subset: Mapping[str, list[Any]]) 
             if used != set(values):
                 for i in lacking:
                     grids[i][key] = list(dict.fromkeys(values))
+                if len(used) == 1 and len(lacking) == len(grids):  # no grid named seeds
+                    unnamed[key] = next(iter(used))
         elif len(used) != 1:
             per_arch = dict.fromkeys((r.architecture, _config_value(r.cfg, key)) for r in own)
             raise ConfigError(
@@ -203,7 +207,7 @@ def restrict(spec: SweepSpec, experiment: str, subset: Mapping[str, list[Any]]) 
         part.model_copy(update={"grid": grid})
         for part, grid in zip(spec.also, grids[1:], strict=True)
     ]
-    return spec.model_copy(update={"grid": grids[0], "also": also})
+    return spec.model_copy(update={"grid": grids[0], "also": also, "unnamed": unnamed})
 
 
 def _kept(flag: str, values: list[Any], allowed: list[Any], where: str, note: str = "") -> list:

@@ -58,7 +58,7 @@ NOT_RUN = {
     ),
     (
         "python benchmarks/bench_training.py --paper --device cuda --widths 64 --group 7 "
-        "--modes single group eager --steps 40 --warmup 5 --flops --lrs 7"
+        "--modes single trainer group eager --steps 40 --warmup 5 --flops --lrs 7"
     ): "needs a CUDA GPU",
     "python benchmarks/bench_streams.py --widths 64 --group 7 --steps 40": "needs a CUDA GPU",
     "python benchmarks/bench_paper_scale.py --device cuda": "needs a CUDA GPU",

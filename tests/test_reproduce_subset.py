@@ -154,26 +154,13 @@ def test_a_tiny_slice_runs_end_to_end_and_a_full_run_resumes_it(tmp_path) -> Non
     assert (out / "ar-tiny" / "report" / "report.html").exists()
     assert "| attention" in result.output.split("Mechanisms")[1]
     # The same run the full grid names: the full run finds it finished.
-    again = invoke(
-        "reproduce", "ar", "--preset", "tiny", "--archs", "attention", "-q", "--out", str(out)
-    )
+    full = ("reproduce", "ar", "--preset", "tiny", "--archs", "attention", "-q", "--out", str(out))
+    again = invoke(*full)
     assert again.exit_code == 0, again.output
     assert "ar-tiny: 1 done (1 already)" in again.output
     # More seeds find that run too: only the new seed trains, and each seed counts once.
     weights = (out / "ar-tiny" / "attention" / "model.safetensors").read_bytes()
-    seeds = invoke(
-        "reproduce",
-        "ar",
-        "--preset",
-        "tiny",
-        "--archs",
-        "attention",
-        "--seeds",
-        "0,1",
-        "-q",
-        "--out",
-        str(out),
-    )
+    seeds = invoke(*full, "--seeds", "0,1")
     assert seeds.exit_code == 0, seeds.output
     assert "ar-tiny: 2 done (1 already)" in seeds.output
     assert sorted(p.name for p in (out / "ar-tiny").iterdir()) == [

@@ -12,7 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 from small_runs import SWEEP_BASE
 
-from mecheval.experiments.execution import pool
+from mecheval.experiments.execution import pool, server
 from mecheval.experiments.grid import SweepSpec
 from mecheval.experiments.runners import run_sweep
 
@@ -41,7 +41,7 @@ def _worker(context) -> ProcessPoolExecutor:
 def test_a_worker_arrives_with_torch_imported_and_the_sweeps_settings_of_now(
     tmp_path, monkeypatch
 ) -> None:
-    context = pool._worker_context()
+    context = server.worker_context()
     assert context.get_start_method() == "forkserver"
     # The server is running now, started with the settings of before: a worker must not
     # inherit those.
@@ -76,3 +76,53 @@ def test_a_sweep_whose_environment_changed_trains_with_the_new_one(tmp_path, mon
         for record in records:
             session = json.loads(record.read_text())["sessions"][-1]
             assert session["kernels"].get("MECHEVAL_NATIVE") == expected, record
+
+
+def test_the_server_module_imports_nothing_heavy_and_preloads_the_pool() -> None:
+    """A command starts the server before it imports torch (cli/experiments.py), so the
+    module that starts it must not import torch itself; what it preloads is the pool."""
+    import subprocess
+
+    probe = (
+        "import sys; import mecheval.experiments.execution.server as s; "
+        "print(sorted(m for m in ('torch', 'pandas', 'mecheval.training') if m in sys.modules))"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    assert shown.strip() == "[]"
+    assert [pool.__name__, "torch._dynamo"] == server.WORKER_PRELOAD
+
+
+@pytest.mark.parametrize(
+    ("args", "starts"),
+    [
+        (["--workers", "2"], True),
+        (["--workers", "1"], False),
+        (["--workers", "2", "--backend", "ray"], False),
+    ],
+)
+def test_a_sweep_on_worker_processes_starts_their_server_before_it_plans(
+    tmp_path, monkeypatch, capsys, args, starts
+) -> None:
+    """The server's imports take seconds; started before the runs are planned, they run on
+    another core meanwhile. Only where the local pool will be used: not for --workers 1 nor
+    for Ray."""
+    from small_runs import run_cli
+
+    from mecheval.experiments import runners
+
+    calls: list[str] = []
+    monkeypatch.setattr(server, "worker_context", lambda: calls.append("server"))
+
+    def plan_and_stop(*_args, **_kwargs):
+        calls.append("plan")
+        raise SystemExit(5)
+
+    monkeypatch.setattr(runners, "plan_sweep", plan_and_stop)
+    monkeypatch.setattr(runners, "check_options", lambda *a: None)  # Ray need not be here
+    spec = tmp_path / "s.yaml"
+    spec.write_text(json.dumps({"name": "s", "base": SWEEP_BASE, "grid": {"training.lr": [1e-3]}}))
+    code, _, _ = run_cli(monkeypatch, capsys, "sweep", str(spec), "--out", str(tmp_path), *args)
+    assert code == 5
+    assert calls == (["server", "plan"] if starts else ["plan"])

@@ -89,6 +89,15 @@ def _run(
     return outcomes
 
 
+def _start_workers(workers: int, backend: str) -> None:
+    """Start the local pool's worker server now, where the sweep will use one: its imports
+    (seconds) then run on another core while this process imports and plans the runs."""
+    if workers > 1 and backend == "local":
+        from mecheval.experiments.execution.server import worker_context
+
+        worker_context()
+
+
 @app.command("sweep")
 def sweep_command(
     spec_path: Annotated[Path, typer.Argument(help="sweep spec YAML (docs/sweeps.md)")],
@@ -106,6 +115,7 @@ def sweep_command(
     quiet: Quiet = False,
 ) -> None:
     """Train every run of a sweep into OUT/<sweep>/<run>/ (resumable; finished runs skip)."""
+    _start_workers(workers, backend)
     from mecheval.experiments.grid import load_sweep
     from mecheval.experiments.mechanisms import InterventionPlan
     from mecheval.experiments.plan import with_overrides
@@ -203,6 +213,7 @@ def reproduce_command(
         return
     if _reproduced_known(name, out, preset, (archs, tasks, widths, lrs, seeds, sets, device)):
         return
+    _start_workers(workers, backend)
     from mecheval.experiments.reproduce import report_experiment
 
     runtime = runtime_overrides(device, compile_)

@@ -6,19 +6,15 @@ Where every run trains on one GPU the workers are threads instead (side_by_side.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import queue
 import signal
-import site
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from contextlib import contextmanager, suppress
-from multiprocessing import forkserver
-from pathlib import Path
+from contextlib import suppress
 from typing import Any
 
 import torch
@@ -33,6 +29,7 @@ from mecheval.experiments.execution.jobs import (
     execute_group,
 )
 from mecheval.experiments.execution.scheduling import group_jobs, in_job_order, longest_first
+from mecheval.experiments.execution.server import worker_context
 from mecheval.experiments.execution.side_by_side import on_one_gpu, run_side_by_side
 from mecheval.training.run import Terminated, raise_interrupt, stop_on_sigterm
 from mecheval.training.stacking.captured import graphs_enabled
@@ -83,7 +80,7 @@ def _run_in_workers(
     on_progress: Callable[[SweepEvent], None] | None,
 ) -> list[Outcome]:
     """The groups in ``workers`` worker processes, in the order given."""
-    context = _worker_context()
+    context = worker_context()
     # A plain queue handed to the workers as they start (no manager process to outlive us).
     sink = context.Queue() if on_progress else None
     with (
@@ -110,48 +107,6 @@ def _run_in_workers(
             raise
         results = [_outcomes(f, group) for f, group in zip(futures, ordered, strict=True)]
     return in_job_order(jobs, ordered, results)
-
-
-#: What the forkserver imports once, before it forks a worker: this module (torch and the
-#: training loop below it) and torch._dynamo, which an optimizer's constructor imports.
-WORKER_PRELOAD = [__name__, "torch._dynamo"]
-
-
-def _worker_context() -> multiprocessing.context.BaseContext:
-    """How worker processes start. Not by fork: forking a process whose torch thread pool is
-    running can deadlock. On Linux, by forkserver: one server imports torch and mecheval
-    (and runs no torch op, so it has no thread pool to pass on) and forks each worker from
-    itself, in milliseconds, where a fresh interpreter takes seconds to import them again;
-    each worker then takes the sweep's environment, folder and import path as a spawned one
-    would (:func:`_init_worker`). Elsewhere, spawn."""
-    if not sys.platform.startswith("linux"):
-        return multiprocessing.get_context("spawn")
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(WORKER_PRELOAD)
-    with _package_importable():
-        forkserver.ensure_running()  # once per process; later calls find it running
-    return context
-
-
-@contextmanager
-def _package_importable() -> Iterator[None]:
-    """PYTHONPATH with the folder mecheval is imported from, while the forkserver starts:
-    the server is a fresh interpreter, and Python 3.11's does not take this process's
-    sys.path, so a checkout on it by other means would not be found there (a worker could
-    then not unpickle its job)."""
-    root = str(Path(__file__).resolve().parents[3])
-    before = os.environ.get("PYTHONPATH")
-    if root in site.getsitepackages() or root in (before or "").split(os.pathsep):
-        yield
-        return
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, before) if p)
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = before
 
 
 def _outcomes(future: Future, group: Sequence[Job]) -> list[Outcome]:

@@ -209,6 +209,64 @@ def test_seed_summary_known_numbers():
     assert out.loc["c", ["n", "runs", "failed"]].tolist() == [1, 2, 1]
 
 
+def seed_summary_one_group_at_a_time(df, by, value="value"):
+    """seed_summary as its definition reads: each group filtered out of the table in turn."""
+    from mecheval.report.results import grouping_key
+
+    by = list(by)
+    status = df["status"] if "status" in df.columns else pd.Series("done", index=df.index)
+    frame = pd.DataFrame({"run": df["run"].astype(str), "status": status.astype(str)})
+    frame["_v"] = df[value]
+    keys = [tuple(grouping_key(v) for v in row) for row in df[by].itertuples(index=False)]
+    frame["_g"] = keys
+    last_row = dict(zip(keys, df[by].itertuples(index=False, name=None), strict=True))
+    records = []
+    for group, rows in frame.groupby("_g", sort=False):
+        runs = rows.drop_duplicates("run")
+        per_run = rows[rows["status"] == "done"].groupby("run")["_v"].mean().dropna()
+        n = len(per_run)
+        mean = float(per_run.mean()) if n else math.nan
+        sd = float(per_run.std(ddof=1)) if n > 1 else math.nan
+        ci = t975(n - 1) * sd / math.sqrt(n) if n > 1 else math.nan
+        record = dict(zip(by, last_row[group], strict=True))
+        failed = int((runs["status"] == "failed").sum())
+        record.update(mean=mean, ci=ci, lo=mean - ci, hi=mean + ci, sd=sd, n=n)
+        record.update(runs=len(runs), failed=failed)
+        records.append(record)
+    columns = [*by, "mean", "ci", "lo", "hi", "sd", "n", "runs", "failed"]
+    return pd.DataFrame.from_records(records, columns=columns)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_seed_summary_equals_its_group_by_group_form_bit_for_bit(seed):
+    """On random tables (groups keyed by numbers, missing values and lists; several rows per
+    run; failed, running and done runs; missing values): the same frame, every float to the
+    bit, groups in order of first appearance."""
+    rng = np.random.default_rng(seed)
+    n = 400
+    df = pd.DataFrame(
+        {
+            "arch": rng.choice(["mamba", "attention", "h3"], n),
+            "step": rng.choice([0, 250, 500, None], n),
+            "layers": [[1, 2] if x else None for x in rng.random(n) < 0.3],
+            "run": rng.choice([f"r{i}" for i in range(12)], n),
+            "status": rng.choice(["done", "done", "done", "failed", "running"], n),
+            "value": np.where(rng.random(n) < 0.1, np.nan, rng.normal(50, 20, n)),
+        }
+    )
+    for by in (["arch"], ["arch", "step"], ["layers", "arch"]):
+        got = seed_summary(df, by=by)
+        pd.testing.assert_frame_equal(
+            got, seed_summary_one_group_at_a_time(df, by), check_exact=True
+        )
+    no_status = df.drop(columns="status")
+    pd.testing.assert_frame_equal(
+        seed_summary(no_status, by=["arch"]),
+        seed_summary_one_group_at_a_time(no_status, ["arch"]),
+        check_exact=True,
+    )
+
+
 def test_restore_table_cells(main_table):
     table = restore_table(main_table)
     assert list(table.columns) == [

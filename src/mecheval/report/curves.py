@@ -120,14 +120,14 @@ class Curves:
             body = []
             for width in self._widths():
                 here = self._here(task, arch, width)
-                for step in sorted(here["step"].unique()):
-                    at = here[here["step"] == step].set_index("measure")
+                for step, at in here.groupby("step", sort=True):
+                    cells = {
+                        m: (mean, ci)
+                        for m, mean, ci in zip(at["measure"], at["mean"], at["ci"], strict=True)
+                    }
                     body.append(
                         [value_label(width), value_label(step)]
-                        + [
-                            format_cell(*at.loc[m, ["mean", "ci"]]) if m in at.index else ""
-                            for m in self.measures
-                        ]
+                        + [format_cell(*cells[m]) if m in cells else "" for m in self.measures]
                     )
             lines += [*md_table(["d_model", "step", *self.measures], body), ""]
         return "\n".join(lines).rstrip() + "\n"
